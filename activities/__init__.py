@@ -1,0 +1,1 @@
+"""Temporal activities: registry and audit writes, candidate selection, messages to executors."""

@@ -1,0 +1,52 @@
+"""Socket-bound activities: they run in the gateway process that holds the executor's socket, on that
+process's own task queue, and write to the socket through the hub."""
+
+from __future__ import annotations
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from gateway import wire
+from gateway.errors import RelayError
+from gateway.hub import Hub
+from gateway.session import Reply
+from workflows.inputs import (
+    Activity,
+    DispatchRecoveryInput,
+    ExistPendingInput,
+    ExistPendingReply,
+    RecoveryReply,
+)
+
+
+class HubActivities:
+    def __init__(self, hub: Hub) -> None:
+        self._hub = hub
+
+    @activity.defn(name=Activity.DISPATCH_RECOVERY)
+    async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
+        frame = wire.recovery_request(input.request_id, input.dead_executor_ids)
+        reply = await self._request(input.executor_id, input.request_id, frame, input)
+        if not isinstance(reply.reply, wire.RecoveryReply):
+            return RecoveryReply(False, reply.reply.error_message or f"unexpected {reply.reply.type} reply")
+        return RecoveryReply(reply.reply.success, reply.reply.error_message)
+
+    @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
+    async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:
+        frame = wire.exist_pending_workflows_request(input.request_id, input.dead_executor_id, input.app_version)
+        reply = await self._request(input.executor_id, input.request_id, frame, input)
+        if not isinstance(reply.reply, wire.ExistPendingWorkflowsReply):
+            # Unknown answer: assume workflows may remain, so the record is not deleted on a guess.
+            return ExistPendingReply(True, reply.reply.error_message or f"unexpected {reply.reply.type} reply")
+        return ExistPendingReply(reply.reply.exist, reply.reply.error_message)
+
+    async def _request(self, executor_id: str, request_id: str, frame: str,
+                       input: DispatchRecoveryInput | ExistPendingInput) -> Reply:
+        try:
+            return await self._hub.get(executor_id).request(request_id, frame, timeout=input.timeout)
+        except RelayError as err:
+            # The workflow picks another peer; retrying here against the same socket would not help.
+            raise ApplicationError(err.detail, type=type(err).__name__, non_retryable=True) from None
+
+    def all(self) -> list[object]:
+        return [self.dispatch_recovery, self.exist_pending_workflows]

@@ -1,0 +1,75 @@
+"""Database activities, run by the worker on the shared task queue, on behalf of the lifecycle workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+
+from temporalio import activity
+
+from gateway.errors import NotFoundError
+from gateway.models import DEFAULT_EXECUTOR_TIMEOUT, ExecutorStatus
+from gateway.store import Store
+from workflows.inputs import (
+    Activity,
+    Candidate,
+    DeleteExecutorInput,
+    GetExecutorTimeoutInput,
+    RecordStatusInput,
+    SelectCandidateInput,
+    WriteAuditInput,
+)
+
+
+class RegistryActivities:
+    """Bound to one ``Store``; registered with the worker as bound methods."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    @activity.defn(name=Activity.RECORD_STATUS)
+    async def record_status(self, input: RecordStatusInput) -> None:
+        await asyncio.to_thread(
+            self._store.record_status,
+            org=input.org, app=input.app, executor_id=input.executor_id,
+            status=ExecutorStatus(input.status), operation=input.operation, event_key=input.event_key,
+            info=dataclasses.asdict(input.info) if input.info else None,
+            connection_id=input.connection_id, gateway_queue=input.gateway_queue, details=input.details,
+        )
+
+    @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
+    async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta:
+        try:
+            app = await asyncio.to_thread(self._store.get_app, input.org, input.app)
+        except NotFoundError:
+            return DEFAULT_EXECUTOR_TIMEOUT
+        return app.executor_timeout
+
+    @activity.defn(name=Activity.SELECT_CANDIDATE)
+    async def select_candidate(self, input: SelectCandidateInput) -> Candidate | None:
+        found = await asyncio.to_thread(
+            self._store.select_candidate,
+            org=input.org, app=input.app, app_version=input.app_version, exclude=input.exclude,
+        )
+        return None if found is None else Candidate(*found)
+
+    @activity.defn(name=Activity.WRITE_AUDIT)
+    async def write_audit(self, input: WriteAuditInput) -> None:
+        await asyncio.to_thread(
+            self._store.write_audit,
+            org=input.org, app=input.app, executor_id=input.executor_id, operation=input.operation,
+            status=input.status, details=input.details, event_key=input.event_key,
+        )
+
+    @activity.defn(name=Activity.DELETE_EXECUTOR)
+    async def delete_executor(self, input: DeleteExecutorInput) -> None:
+        await asyncio.to_thread(
+            self._store.delete_executor,
+            org=input.org, app=input.app, executor_id=input.executor_id, event_key=input.event_key,
+            details=input.details,
+        )
+
+    def all(self) -> list[object]:
+        return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
+                self.delete_executor]

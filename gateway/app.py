@@ -1,0 +1,50 @@
+"""The gateway's FastAPI app: executor WebSocket, REST API, health, OpenAPI — and, for its lifetime, a Temporal
+worker on this process's own task queue for the activities that write to sockets it holds."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from gateway import api, problems, ws
+from gateway.logs import install_redaction
+from gateway.models import make_engine
+from gateway.runtime import Gateway
+from gateway.settings import Settings
+from gateway.store import Store
+from gateway.temporal import connect
+
+log = logging.getLogger("relay.gateway")
+
+
+def create_app(settings: Settings) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        install_redaction()
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(make_engine(settings.db_url))
+        client = await connect(settings.temporal_target, settings.temporal_namespace)
+        gateway = Gateway(settings=settings, store=store, client=client)
+        app.state.store = store
+        app.state.gateway = gateway
+        async with gateway.worker():
+            log.info("gateway ready; socket-bound activities on task queue %s", gateway.task_queue)
+            yield
+            await gateway.close_all()
+            await gateway.drain()
+        store.engine.dispose()
+
+    app = FastAPI(
+        title="Relay",
+        version="0.1.0",
+        summary="Self-hosted control plane for DBOS executors (Conductor API v2 subset)",
+        lifespan=lifespan,
+    )
+    problems.install(app)
+    app.include_router(api.router)
+    app.include_router(api.health_router)
+    app.include_router(ws.router)
+    return app

@@ -1,0 +1,68 @@
+"""Relay's error hierarchy. Each error knows its HTTP status and its WebSocket close code, so that the
+mapping lives here and nowhere else::
+
+    RelayError                      500 / 1011
+    ├── AuthError                   401 / 1008   unknown, malformed or revoked key
+    ├── ForbiddenError              403 / 1008   key of another org, or not allowed for this app
+    ├── NotFoundError               404          unknown org, app or executor
+    ├── ConflictError               409
+    ├── ProtocolError                     1002   an executor reply that breaks the protocol
+    ├── ExecutorUnavailableError    503          no socket for that executor here, or it closed
+    └── ExecutorTimeoutError        502          the executor did not answer in time
+"""
+
+from __future__ import annotations
+
+
+class RelayError(Exception):
+    """Root of every error Relay raises on purpose."""
+
+    status: int = 500
+    title: str = "Internal Server Error"
+    close_code: int = 1011
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class AuthError(RelayError):
+    status = 401
+    title = "Unauthorized"
+    close_code = 1008
+
+
+class ForbiddenError(RelayError):
+    status = 403
+    title = "Forbidden"
+    close_code = 1008
+
+
+class NotFoundError(RelayError):
+    status = 404
+    title = "Not Found"
+
+
+class ConflictError(RelayError):
+    status = 409
+    title = "Conflict"
+
+
+class ProtocolError(RelayError):
+    status = 400
+    title = "Protocol Error"
+    close_code = 1002
+
+
+class ExecutorUnavailableError(RelayError):
+    """The executor has no socket on this gateway (never had, or it closed)."""
+
+    status = 503
+    title = "Service Unavailable"
+
+
+class ExecutorTimeoutError(RelayError):
+    """The executor did not answer in time."""
+
+    status = 502
+    title = "Bad Gateway"

@@ -1,0 +1,87 @@
+"""The connection hub: the live executor sockets this gateway process holds, and request/reply over them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from gateway import session as sm
+from gateway.errors import ExecutorTimeoutError, ExecutorUnavailableError
+
+Send = Callable[[str], Awaitable[None]]
+Close = Callable[[int, str], Awaitable[None]]
+
+SUPERSEDED_CLOSE_CODE = 4000  # private-use range: "another connection of this executor replaced this one"
+
+
+class Connection:
+    """One executor socket, after its handshake."""
+
+    def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
+                 send: Send, close: Close) -> None:
+        self.connection_id = connection_id
+        self.org = org
+        self.app = app
+        self.executor_id = executor_id
+        self.session = session
+        self._send = send
+        self._close = close
+        self._waiters: dict[str, asyncio.Future[sm.Reply]] = {}
+
+    async def request(self, request_id: str, frame: str, *, timeout: timedelta) -> sm.Reply:
+        """Send a request and wait for the reply carrying ``request_id``."""
+        waiter: asyncio.Future[sm.Reply] = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = waiter
+        self.session.expect(request_id)
+        try:
+            await self._send(frame)
+            return await asyncio.wait_for(waiter, timeout.total_seconds())
+        except TimeoutError:
+            raise ExecutorTimeoutError(f"executor {self.executor_id} did not answer within {timeout}") from None
+        finally:
+            self._waiters.pop(request_id, None)
+            self.session.forget(request_id)
+
+    def deliver(self, reply: sm.Reply) -> None:
+        waiter = self._waiters.get(reply.reply.request_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(reply)
+
+    def lost(self) -> None:
+        """The socket closed: every request still waiting fails now, not at its timeout."""
+        self.session.close()
+        for waiter in self._waiters.values():
+            if not waiter.done():
+                waiter.set_exception(ExecutorUnavailableError(f"executor {self.executor_id} disconnected"))
+
+    async def close(self, code: int, reason: str) -> None:
+        await self._close(code, reason)
+
+
+class Hub:
+    def __init__(self) -> None:
+        self._connections: dict[str, Connection] = {}
+
+    def __len__(self) -> int:
+        return len(self._connections)
+
+    def attach(self, conn: Connection) -> Connection | None:
+        """Make ``conn`` the executor's current connection; returns the one it supersedes, if any."""
+        old = self._connections.get(conn.executor_id)
+        self._connections[conn.executor_id] = conn
+        return old
+
+    def detach(self, conn: Connection) -> None:
+        if self._connections.get(conn.executor_id) is conn:
+            del self._connections[conn.executor_id]
+        conn.lost()
+
+    def get(self, executor_id: str) -> Connection:
+        conn = self._connections.get(executor_id)
+        if conn is None:
+            raise ExecutorUnavailableError(f"executor {executor_id} is not connected to this gateway")
+        return conn
+
+    def connections(self) -> list[Connection]:
+        return list(self._connections.values())

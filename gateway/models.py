@@ -1,0 +1,127 @@
+"""Storage models (SQLModel tables) and the engine factory.
+
+Timestamps are stored as timezone-aware UTC (SQLite drops the zone, so a column type restores it); durations
+are stored as ``timedelta`` (SQLAlchemy ``Interval``), never as raw seconds or milliseconds.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event
+from sqlmodel import Field, SQLModel, create_engine
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """A ``DateTime`` that always comes back timezone-aware (UTC)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return None if value is None else value.astimezone(UTC)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return str(uuid.uuid4())
+
+
+class ExecutorStatus(StrEnum):
+    HEALTHY = "HEALTHY"
+    DISCONNECTED = "DISCONNECTED"
+    DEAD = "DEAD"
+
+
+DEFAULT_EXECUTOR_TIMEOUT = timedelta(seconds=60)
+DEFAULT_GC_ROWS_THRESHOLD = 1_000_000
+
+
+class ApiKey(SQLModel, table=True):
+    id: str = Field(default_factory=new_id, primary_key=True)
+    org: str = Field(index=True)
+    name: str
+    key_hash: str = Field(unique=True, index=True)
+    apps: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    revoked_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+class Application(SQLModel, table=True):
+    __table_args__ = (UniqueConstraint("org", "name"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    org: str = Field(index=True)
+    name: str
+    executor_timeout: timedelta = Field(default=DEFAULT_EXECUTOR_TIMEOUT, sa_type=Interval)
+    gc_time_threshold: timedelta | None = Field(default=None, sa_type=Interval)
+    gc_rows_threshold: int | None = DEFAULT_GC_ROWS_THRESHOLD
+    global_timeout: timedelta | None = Field(default=None, sa_type=Interval)
+    private_mode: bool = False
+    language: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class Executor(SQLModel, table=True):
+    """The registry row the REST API reads; written only by activities on behalf of the lifecycle workflow."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    executor_id: str = Field(primary_key=True)
+    app_version: str = ""
+    status: ExecutorStatus = ExecutorStatus.HEALTHY
+    hostname: str | None = None
+    language: str | None = None
+    dbos_version: str | None = None
+    executor_metadata: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # Where the executor's socket lives, so a socket-bound activity can be routed to that gateway process.
+    gateway_queue: str | None = None
+    connection_id: str | None = None
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class AuditLog(SQLModel, table=True):
+    id: str = Field(default_factory=new_id, primary_key=True)
+    # Set by the writer when the same event may be written twice (a retried activity): unique, so it lands once.
+    event_key: str | None = Field(default=None, unique=True)
+    emit_time: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime, index=True)
+    org: str = Field(index=True)
+    app: str | None = None
+    executor_id: str | None = None
+    operation: str = Field(index=True)
+    status: str = "success"
+    subject: str = "system"
+    source_ip: str = ""
+    details: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+
+
+def make_engine(url: str) -> Engine:
+    """Engine with the tables created. SQLite gets WAL and a busy timeout: gateway and worker share the file."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(conn: Any, _record: Any) -> None:
+            cur = conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    SQLModel.metadata.create_all(engine)
+    return engine

@@ -1,0 +1,121 @@
+"""One gateway process at run time: its settings, store, connection hub, Temporal client, its own task queue
+(for socket-bound activities), and the signals it sends to lifecycle workflows."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+
+from temporalio.client import Client
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.service import RPCError, RPCStatusCode
+from temporalio.worker import Worker
+
+from activities.dispatch import HubActivities
+from gateway.hub import Hub
+from gateway.settings import Settings
+from gateway.store import Store
+from workflows.inputs import (
+    GATEWAY_TASK_QUEUE_PREFIX,
+    SHARED_TASK_QUEUE,
+    ConnectedSignal,
+    DisconnectedSignal,
+    LifecycleInput,
+    lifecycle_workflow_id,
+)
+from workflows.lifecycle import ExecutorLifecycleWorkflow
+
+log = logging.getLogger("relay.gateway")
+
+SIGNAL_ATTEMPTS = 8
+SIGNAL_BACKOFF_INITIAL = timedelta(milliseconds=200)
+SIGNAL_BACKOFF_MAX = timedelta(seconds=5)
+
+
+class Gateway:
+    def __init__(self, *, settings: Settings, store: Store, client: Client) -> None:
+        self.settings = settings
+        self.store = store
+        self.client = client
+        self.hub = Hub()
+        self.task_queue = GATEWAY_TASK_QUEUE_PREFIX + uuid.uuid4().hex
+        self._background: set[asyncio.Task[None]] = set()
+
+    def worker(self) -> Worker:
+        return Worker(self.client, task_queue=self.task_queue, activities=HubActivities(self.hub).all())
+
+    async def signal_connected(self, org: str, app: str, signal: ConnectedSignal) -> bool:
+        """Signal-with-start the executor's lifecycle workflow. False when Temporal stayed unreachable."""
+        executor_id = signal.info.executor_id
+
+        async def send() -> None:
+            await self.client.start_workflow(
+                ExecutorLifecycleWorkflow.run,
+                LifecycleInput(org, app, executor_id, recovery_timeout=self.settings.recovery_timeout),
+                id=lifecycle_workflow_id(org, app, executor_id),
+                task_queue=SHARED_TASK_QUEUE,
+                start_signal="connected",
+                start_signal_args=[signal],
+                search_attributes=_search_attributes(org, app, executor_id, signal.info.application_version),
+                static_summary=f"DBOS executor {executor_id} of {org}/{app}",
+            )
+
+        return await _retry(send, f"connected for {executor_id}")
+
+    def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
+        """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""
+        signal = DisconnectedSignal(connection_id=connection_id, signal_id=str(uuid.uuid4()))
+
+        async def send() -> None:
+            handle = self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
+            await handle.signal(ExecutorLifecycleWorkflow.disconnected, signal)
+
+        task = asyncio.create_task(_drop(_retry(send, f"disconnected for {executor_id}")))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close_all(self, code: int = 1001, reason: str = "gateway shutting down") -> None:
+        for conn in self.hub.connections():
+            await conn.close(code, reason)
+
+    async def drain(self, timeout: timedelta = timedelta(seconds=10)) -> None:
+        """Wait for in-flight ``disconnected`` signals before the process exits."""
+        if self._background:
+            await asyncio.wait(list(self._background), timeout=timeout.total_seconds())
+
+
+async def _drop(coro: Awaitable[bool]) -> None:
+    await coro
+
+
+async def _retry(send: Callable[[], Awaitable[None]], what: str) -> bool:
+    delay = SIGNAL_BACKOFF_INITIAL
+    for attempt in range(1, SIGNAL_ATTEMPTS + 1):
+        try:
+            await send()
+            return True
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False  # the workflow already ended: nothing to tell it
+            log.warning("signal %s failed (attempt %d): %s", what, attempt, err.message)
+        await asyncio.sleep(delay.total_seconds())
+        delay = min(delay * 2, SIGNAL_BACKOFF_MAX)
+    return False
+
+
+RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
+RELAY_APP = SearchAttributeKey.for_keyword("RelayApp")
+RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
+RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
+
+
+def _search_attributes(org: str, app: str, executor_id: str, version: str) -> TypedSearchAttributes:
+    return TypedSearchAttributes([
+        SearchAttributePair(RELAY_ORG, org),
+        SearchAttributePair(RELAY_APP, app),
+        SearchAttributePair(RELAY_EXECUTOR_ID, executor_id),
+        SearchAttributePair(RELAY_APP_VERSION, version),
+    ])

@@ -1,0 +1,71 @@
+"""Relay's settings: one class, read from ``RELAY_*`` environment variables at start-up.
+
+Durations enter as seconds (the unit the variable names say) and become ``timedelta`` here, at the edge.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from gateway import units
+
+
+class Settings(BaseSettings):
+    """Every setting of DESIGN.md's Configuration section, with its default."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8090, ge=0, le=65535)
+    data_dir: Path = Path(".relay")
+    database_url: str | None = None
+    temporal_address: str | None = None
+    temporal_port: int = Field(default=7233, ge=1, le=65535)
+    temporal_ui_port: int = Field(default=8233, ge=1, le=65535)
+    temporal_namespace: str = "default"
+    executor_ping_wait_secs: float = Field(default=25, gt=0)
+    server_ping_interval_secs: float = Field(default=20, gt=0)
+    retention_interval_secs: float = Field(default=300, gt=0)
+    handshake_timeout_secs: float = Field(default=10, gt=0)
+    recovery_timeout_secs: float = Field(default=60, gt=0)
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @property
+    def db_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'relay.db'}"
+
+    @property
+    def temporal_target(self) -> str:
+        return self.temporal_address or f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def embedded_temporal(self) -> bool:
+        return self.temporal_address is None
+
+    @property
+    def executor_ping_wait(self) -> timedelta:
+        return units.seconds_to_timedelta(self.executor_ping_wait_secs)
+
+    @property
+    def server_ping_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.server_ping_interval_secs)
+
+    @property
+    def retention_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.retention_interval_secs)
+
+    @property
+    def handshake_timeout(self) -> timedelta:
+        return units.seconds_to_timedelta(self.handshake_timeout_secs)
+
+    @property
+    def recovery_timeout(self) -> timedelta:
+        return units.seconds_to_timedelta(self.recovery_timeout_secs)

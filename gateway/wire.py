@@ -1,0 +1,84 @@
+"""The executor wire protocol: validated message models, and the one place seconds and epoch milliseconds
+are produced for executors.
+
+Executor replies are a discriminated union on ``type``. Unknown fields are ignored (SDKs add fields between
+releases); a missing required field is a protocol error the caller logs and audits.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from gateway.errors import ProtocolError
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    request_id: str
+    error_message: str | None = None
+
+
+class ExecutorInfoReply(_Reply):
+    type: Literal["executor_info"]
+    executor_id: str = Field(min_length=1)
+    application_version: str | None = None
+    hostname: str | None = None
+    language: str | None = None
+    dbos_version: str | None = None
+    executor_metadata: dict[str, Any] | None = None
+
+
+class RecoveryReply(_Reply):
+    type: Literal["recovery"]
+    success: bool
+
+
+class ExistPendingWorkflowsReply(_Reply):
+    type: Literal["exist_pending_workflows"]
+    exist: bool
+
+
+class OtherReply(_Reply):
+    """Any other type: kept so its ``request_id`` can still complete a waiting request."""
+
+    type: str
+
+
+Reply = Annotated[ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply, Field(discriminator="type")]
+_known = TypeAdapter(Reply)
+KNOWN_TYPES = {"executor_info", "recovery", "exist_pending_workflows"}
+
+
+def parse_reply(text: str | bytes) -> ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply | OtherReply:
+    """Decode one executor frame. Raises ``ProtocolError`` with a short reason; never anything else."""
+    try:
+        data = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ProtocolError(f"invalid JSON: {err}") from None
+    if not isinstance(data, dict):
+        raise ProtocolError("a frame must be a JSON object")
+    try:
+        if data.get("type") in KNOWN_TYPES:
+            return _known.validate_python(data)
+        return OtherReply.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "frame"
+        raise ProtocolError(f"{data.get('type')!s} reply: {where}: {first['msg']}") from None
+
+
+def executor_info_request(request_id: str) -> str:
+    return json.dumps({"type": "executor_info", "request_id": request_id})
+
+
+def recovery_request(request_id: str, executor_ids: list[str]) -> str:
+    return json.dumps({"type": "recovery", "request_id": request_id, "executor_ids": executor_ids})
+
+
+def exist_pending_workflows_request(request_id: str, executor_id: str, application_version: str) -> str:
+    return json.dumps({"type": "exist_pending_workflows", "request_id": request_id,
+                       "executor_id": executor_id, "application_version": application_version})

@@ -1,0 +1,130 @@
+"""The executor WebSocket endpoint ``/websocket/{app}/{key}``: thin socket code around ``session.Session``.
+
+Refusals happen before the upgrade (401/403/404 with a small problem body). After the handshake the executor's
+lifecycle workflow is signalled ``connected``; on close, ``disconnected``. Both carry the connection id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import uuid
+
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocketState
+
+from gateway import session as sm
+from gateway.errors import ForbiddenError, NotFoundError, ProtocolError, RelayError
+from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
+from gateway.problems import relay_problem
+from gateway.runtime import Gateway
+from gateway.schemas import APP_PATTERN
+from workflows.inputs import ConnectedSignal, ExecutorInfo
+
+log = logging.getLogger("relay.gateway")
+router = APIRouter()
+_app_name = re.compile(APP_PATTERN)
+
+
+@router.websocket("/websocket/{app_name}/{key}")
+async def executor_socket(websocket: WebSocket, app_name: str, key: str) -> None:
+    gw: Gateway = websocket.app.state.gateway
+    source_ip = websocket.client.host if websocket.client else ""
+    try:
+        if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
+            raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
+        principal = await asyncio.to_thread(gw.store.authenticate, key)
+        if not principal.allows(app_name):
+            raise ForbiddenError(f"this key is not allowed for app {app_name!r}")
+        await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name, subject=f"key:{principal.key_name}",
+                                source_ip=source_ip)
+    except RelayError as err:
+        log.info("refused executor connection for app %r from %s: %s", app_name, source_ip, err.detail)
+        await websocket.send_denial_response(relay_problem(err))
+        return
+    await websocket.accept()
+    await _serve(gw, websocket, principal.org, app_name, source_ip)
+
+
+async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_ip: str) -> None:
+    session = sm.Session()
+    await websocket.send_text(session.start())
+    try:
+        handshake = await _handshake(gw, websocket, session)
+    except (ProtocolError, TimeoutError) as err:
+        reason = err.detail if isinstance(err, ProtocolError) else "no executor_info reply in time"
+        code = err.close_code if isinstance(err, ProtocolError) else 1008
+        log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
+        await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
+                                status="failure", source_ip=source_ip, details={"reason": reason})
+        await _close(websocket, code, reason[:120])
+        return
+    except WebSocketDisconnect:
+        return
+    info = handshake.info
+    conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
+                      session=session, send=websocket.send_text,
+                      close=lambda code, reason: _close(websocket, code, reason))
+    superseded = gw.hub.attach(conn)
+    if superseded is not None:
+        await superseded.close(SUPERSEDED_CLOSE_CODE, "superseded by a newer connection")
+    signal = ConnectedSignal(
+        connection_id=conn.connection_id, gateway_queue=gw.task_queue, signal_id=str(uuid.uuid4()),
+        source_ip=source_ip,
+        info=ExecutorInfo(
+            executor_id=info.executor_id, application_version=info.application_version or "",
+            hostname=info.hostname, language=info.language, dbos_version=info.dbos_version,
+            executor_metadata=info.executor_metadata,
+        ),
+    )
+    try:
+        if not await gw.signal_connected(org, app, signal):
+            await _close(websocket, 1011, "could not register the connection; retry")
+            return
+        await _read_loop(websocket, conn)
+    finally:
+        gw.hub.detach(conn)
+        gw.spawn_disconnected(org, app, info.executor_id, conn.connection_id)
+
+
+async def _handshake(gw: Gateway, websocket: WebSocket, session: sm.Session) -> sm.Handshake:
+    async with asyncio.timeout(gw.settings.handshake_timeout.total_seconds()):
+        while True:
+            event = session.receive(await _next_frame(websocket))
+            if isinstance(event, sm.Handshake):
+                return event
+
+
+async def _read_loop(websocket: WebSocket, conn: Connection) -> None:
+    while True:
+        try:
+            frame = await _next_frame(websocket)
+        except WebSocketDisconnect:
+            return
+        try:
+            event = conn.session.receive(frame)
+        except ProtocolError as err:
+            # A malformed reply must not bring the connection down with it: log, and keep serving.
+            log.warning("malformed frame from executor %s: %s", conn.executor_id, err.detail)
+            continue
+        if isinstance(event, sm.Reply):
+            conn.deliver(event)
+        elif isinstance(event, sm.Ignored):
+            log.info("ignored frame from executor %s: %s", conn.executor_id, event.reason)
+
+
+async def _next_frame(websocket: WebSocket) -> str | bytes:
+    message = await websocket.receive()
+    if message["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(message.get("code", 1000))
+    text: str | None = message.get("text")
+    return text if text is not None else message.get("bytes") or b""
+
+
+async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    if websocket.application_state == WebSocketState.CONNECTED:
+        try:
+            await websocket.close(code, reason)
+        except RuntimeError:
+            pass  # already closing

@@ -1,0 +1,47 @@
+"""A real DBOS executor (dbos==3.2.0) for end-to-end tests, run as a subprocess.
+
+Environment: RELAY_URL, RELAY_KEY, APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that each
+step appends "<pid> <step>" to), STEP_SECONDS, and START_WORKFLOW (a workflow id to start at launch).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from dbos import DBOS
+
+DBOS(config={
+    "name": os.environ["APP_NAME"],
+    "system_database_url": f"sqlite:///{os.environ['SYS_DB']}",
+    "application_version": os.environ.get("APP_VERSION", "v1"),
+    "conductor_url": os.environ["RELAY_URL"],
+    "conductor_key": os.environ["RELAY_KEY"],
+})
+
+STEPS = 20
+
+
+@DBOS.step()
+def step(i: int) -> int:
+    time.sleep(float(os.environ.get("STEP_SECONDS", "0.3")))
+    with open(os.environ["STEP_LOG"], "a") as log:
+        log.write(f"{os.getpid()} {i}\n")
+    return i
+
+
+@DBOS.workflow()
+def twenty_steps() -> int:
+    return sum(step(i) for i in range(STEPS))
+
+
+if __name__ == "__main__":
+    DBOS.launch()
+    workflow_id = os.environ.get("START_WORKFLOW")
+    if workflow_id:
+        from dbos import SetWorkflowID
+
+        with SetWorkflowID(workflow_id):
+            DBOS.start_workflow(twenty_steps)
+    while True:
+        time.sleep(1)

@@ -1,0 +1,1 @@
+"""Deterministic Temporal workflows. Nothing here does I/O or imports FastAPI, SQLAlchemy or websockets."""
