@@ -13,8 +13,8 @@ from gateway.models import ExecutorStatus
 from gateway.schemas import (
     APP_PATTERN,
     ORG_PATTERN,
-    ApplicationPublic,
-    ExecutorPublic,
+    Application,
+    Executor,
     Health,
     PatchAppInputBody,
     PutAppInputBody,
@@ -52,12 +52,12 @@ router = APIRouter(prefix="/v2/orgs/{orgName}")
 health_router = APIRouter(tags=["Health"])
 
 
-def _public(store: Store, org: str, name: str) -> ApplicationPublic:
+def _public(store: Store, org: str, name: str) -> Application:
     app = store.get_app(org, name)
     executors = store.list_executors(org, name)
     available = any(e.status == ExecutorStatus.HEALTHY for e in executors)
     language = next((e.language for e in reversed(executors) if e.language), None)
-    return ApplicationPublic.of(app, available=available, language=language)
+    return Application.of(app, available=available, language=language)
 
 
 def _source_ip(request: Request) -> str:
@@ -65,7 +65,7 @@ def _source_ip(request: Request) -> str:
 
 
 @router.get("/apps/{appName}", operation_id="getApp", summary="Get application", tags=["Applications"])
-async def get_app(orgName: OrgName, appName: AppName, _p: AppPrincipal, store: StoreDep) -> ApplicationPublic:
+async def get_app(orgName: OrgName, appName: AppName, _p: AppPrincipal, store: StoreDep) -> Application:
     return await run_in_threadpool(_public, store, orgName, appName)
 
 
@@ -91,10 +91,10 @@ async def update_app(orgName: OrgName, appName: AppName, p: AppPrincipal, store:
 @router.get("/apps/{appName}/executors", operation_id="listExecutors", summary="List executors",
             tags=["Executors"])
 async def list_executors(orgName: OrgName, appName: AppName, _p: AppPrincipal,
-                         store: StoreDep) -> list[ExecutorPublic]:
-    def load() -> list[ExecutorPublic]:
+                         store: StoreDep) -> list[Executor]:
+    def load() -> list[Executor]:
         app = store.get_app(orgName, appName)
-        return [ExecutorPublic.of(row, app_id=app.id) for row in store.list_executors(orgName, appName)]
+        return [Executor.of(row, app_id=app.id) for row in store.list_executors(orgName, appName)]
 
     return await run_in_threadpool(load)
 

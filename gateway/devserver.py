@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import logging
 import signal
@@ -19,10 +20,8 @@ _PR_SET_PDEATHSIG = 1
 
 def _die_with_parent() -> None:
     # If `relay dev` is SIGKILLed it cannot stop its child; the kernel then sends the child SIGTERM.
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 def command(settings: Settings) -> list[str]:
@@ -54,12 +53,14 @@ class TemporalDevServer:
         return self._process.pid if self._process else None
 
     async def start(self, *, timeout: timedelta = timedelta(seconds=60)) -> None:
-        self._settings.data_dir.mkdir(parents=True, exist_ok=True)
-        log_file = open(self._settings.data_dir / "temporal.log", "ab")  # noqa: SIM115 — lives as long as the child
-        self._process = subprocess.Popen(command(self._settings), stdout=log_file, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
-        log_file.close()
+        self._spawn()
         await self._wait_ready(timeout)
+
+    def _spawn(self) -> None:
+        self._settings.data_dir.mkdir(parents=True, exist_ok=True)
+        with open(self._settings.data_dir / "temporal.log", "ab") as log_file:
+            self._process = subprocess.Popen(command(self._settings), stdout=log_file, stderr=subprocess.STDOUT,
+                                             stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
 
     async def _wait_ready(self, timeout: timedelta) -> None:
         loop = asyncio.get_running_loop()

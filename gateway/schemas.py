@@ -10,8 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway import units
-from gateway.models import Application, Executor
+from gateway import models, units
 
 MAX_EXECUTOR_TIMEOUT = timedelta(days=7)
 
@@ -19,7 +18,9 @@ ORG_PATTERN = r"^[a-z0-9_]+$"
 APP_PATTERN = r"^[a-z0-9-_]+$"
 
 
-class ApplicationPublic(BaseModel):
+class Application(BaseModel):
+    """Upstream ``Application``."""
+
     id: str
     name: str
     orgId: str
@@ -33,7 +34,7 @@ class ApplicationPublic(BaseModel):
     dbosCloud: bool
 
     @classmethod
-    def of(cls, app: Application, *, available: bool, language: str | None) -> ApplicationPublic:
+    def of(cls, app: models.Application, *, available: bool, language: str | None) -> Application:
         return cls(
             id=app.id,
             name=app.name,
@@ -83,7 +84,9 @@ class PatchAppInputBody(BaseModel):
         return out
 
 
-class ExecutorPublic(BaseModel):
+class Executor(BaseModel):
+    """Upstream ``Executor``."""
+
     executorId: str
     appId: str
     appVersion: str
@@ -97,7 +100,7 @@ class ExecutorPublic(BaseModel):
     executorMetadata: dict[str, Any] | None
 
     @classmethod
-    def of(cls, row: Executor, *, app_id: str) -> ExecutorPublic:
+    def of(cls, row: models.Executor, *, app_id: str) -> Executor:
         return cls(
             executorId=row.executor_id,
             appId=app_id,

@@ -7,6 +7,7 @@ lifecycle workflow is signalled ``connected``; on close, ``disconnected``. Both 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import uuid
@@ -124,7 +125,5 @@ async def _next_frame(websocket: WebSocket) -> str | bytes:
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
     if websocket.application_state == WebSocketState.CONNECTED:
-        try:
+        with contextlib.suppress(RuntimeError):  # already closing
             await websocket.close(code, reason)
-        except RuntimeError:
-            pass  # already closing

@@ -1,7 +1,8 @@
 """A real DBOS executor (dbos==3.2.0) for end-to-end tests, run as a subprocess.
 
-Environment: RELAY_URL, RELAY_KEY, APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that each
-step appends "<pid> <step>" to), STEP_SECONDS, and START_WORKFLOW (a workflow id to start at launch).
+Environment: RELAY_URL, RELAY_KEY, APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that
+each step appends "<pid> <step>" to), STEP_SECONDS, and START_WORKFLOW (a workflow id to start once the
+file START_WORKFLOW_WHEN exists).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ if __name__ == "__main__":
     if workflow_id:
         from dbos import SetWorkflowID
 
+        while not os.path.exists(os.environ["START_WORKFLOW_WHEN"]):
+            time.sleep(0.05)
         with SetWorkflowID(workflow_id):
             DBOS.start_workflow(twenty_steps)
     while True:
