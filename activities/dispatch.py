@@ -3,6 +3,9 @@ process's own task queue, and write to the socket through the hub."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -48,5 +51,5 @@ class HubActivities:
             # The workflow picks another peer; retrying here against the same socket would not help.
             raise ApplicationError(err.detail, type=type(err).__name__, non_retryable=True) from None
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]

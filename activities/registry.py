@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity
 
@@ -70,6 +72,6 @@ class RegistryActivities:
             details=input.details,
         )
 
-    def all(self) -> list[object]:
+    def all(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
                 self.delete_executor]

@@ -1,0 +1,74 @@
+"""`relay dev` as a process tree: SIGTERM stops everything (no `temporal` left behind), and a second start on
+the same data directory resumes where the first stopped — same dev key, grace timers still running."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, wait_until
+
+pytestmark = pytest.mark.e2e
+
+
+def _children(pid: int) -> set[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return {int(p) for p in path.read_text().split()} if path.exists() else set()
+
+
+def _start(data_dir: Path, env: dict[str, str], log: str) -> Relay:
+    process = Process([str(VENV_BIN / "relay"), "dev"], env=env, log=data_dir / log)
+    url = f"http://127.0.0.1:{env['RELAY_PORT']}"
+
+    def up() -> bool:
+        try:
+            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_until(up, timeout=60, what="relay dev up")
+    except AssertionError:
+        process.stop()
+        raise
+    key = (data_dir / "dev-key").read_text().strip()
+    return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir)
+
+
+def test_restart_resumes_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
+    env = relay_env(tmp_path)
+    first = _start(tmp_path, env, "first.log")
+    try:
+        [temporal_pid] = _children(first.process.pid)
+        assert "temporal" in Path(f"/proc/{temporal_pid}/cmdline").read_text()
+        with first.api() as client:
+            client.put("/v2/orgs/local/apps/restart-app")
+            assert client.patch("/v2/orgs/local/apps/restart-app", json={"executorTimeoutSecs": 6}).status_code == 204
+        with play_executor(first, "restart-app", "ex-r"):
+            wait_until(lambda: first.executors("restart-app").get("ex-r") == "HEALTHY", timeout=10, what="HEALTHY")
+        wait_until(lambda: first.executors("restart-app").get("ex-r") == "DISCONNECTED", timeout=2,
+                   what="DISCONNECTED")
+    finally:
+        assert first.process.stop() == 0, first.process.output()[-2000:]
+    assert not Path(f"/proc/{temporal_pid}").exists() or _is_zombie(temporal_pid), "temporal left behind"
+
+    second = _start(tmp_path, env, "second.log")
+    try:
+        assert second.key == first.key
+        # The grace timer started under the first run fires under the second: DEAD, then waiting for a peer.
+        wait_until(lambda: second.executors("restart-app").get("ex-r") == "DEAD", timeout=20, what="DEAD")
+        ops = [op for op, ex in second.audit("restart-app") if ex == "ex-r"]
+        assert ops[:3] == ["executor.healthy", "executor.disconnected", "executor.dead"], ops
+    finally:
+        assert second.process.stop() == 0
+    assert os.path.exists(tmp_path / "temporal.db")
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except FileNotFoundError:
+        return True
