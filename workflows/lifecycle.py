@@ -247,6 +247,8 @@ class ExecutorLifecycleWorkflow:
             return str(err.cause or err)
         if confirm.error_message:
             return f"exist_pending_workflows failed: {confirm.error_message}"
+        if confirm.exist:
+            return "pending workflows remain after recovery"
         return None
 
     async def _backoff(self, current: timedelta, why: str) -> timedelta:
