@@ -8,7 +8,9 @@ mapping lives here and nowhere else::
     ├── ConflictError               409
     ├── ProtocolError                     1002   an executor reply that breaks the protocol
     ├── ExecutorUnavailableError    503          no socket for that executor here, or it closed
-    └── ExecutorTimeoutError        502          the executor did not answer in time
+    ├── ExecutorTimeoutError        502          the executor did not answer in time
+    ├── TemporalUnavailableError    503          Temporal did not take a signal, after retries
+    └── RateLimitedError            429 / 1008   too many connections or handshakes for one key
 """
 
 from __future__ import annotations
@@ -66,3 +68,18 @@ class ExecutorTimeoutError(RelayError):
 
     status = 502
     title = "Bad Gateway"
+
+
+class TemporalUnavailableError(RelayError):
+    """Temporal could not be reached (after retries) for something a request needs done durably."""
+
+    status = 503
+    title = "Service Unavailable"
+
+
+class RateLimitedError(RelayError):
+    """Too many connections or handshakes for one key."""
+
+    status = 429
+    title = "Too Many Requests"
+    close_code = 1008

@@ -19,8 +19,9 @@ class Connection:
     """One executor socket, after its handshake."""
 
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
-                 send: Send, close: Close) -> None:
+                 send: Send, close: Close, key_id: str = "") -> None:
         self.connection_id = connection_id
+        self.key_id = key_id  # the API key it authenticated with: revoking that key closes this socket
         self.org = org
         self.app = app
         self.executor_id = executor_id

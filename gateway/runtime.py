@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -15,6 +16,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.dispatch import HubActivities
+from gateway.admission import Admission
 from gateway.hub import Hub
 from gateway.settings import Settings
 from gateway.store import Store
@@ -41,6 +43,12 @@ class Gateway:
         self.store = store
         self.client = client
         self.hub = Hub()
+        self.admission = Admission(
+            clock=time.monotonic,
+            max_connections_per_key=settings.max_connections_per_key,
+            handshakes_per_second=settings.handshakes_per_key_per_second,
+            allowed_origins=settings.origins,
+        )
         self.task_queue = GATEWAY_TASK_QUEUE_PREFIX + uuid.uuid4().hex
         self._background: set[asyncio.Task[None]] = set()
 

@@ -30,13 +30,26 @@ class Settings(BaseSettings):
     executor_ping_wait_secs: float = Field(default=25, gt=0)
     server_ping_interval_secs: float = Field(default=20, gt=0)
     retention_interval_secs: float = Field(default=300, gt=0)
+    # Rows per delete batch sent in ``retention``; the SDKs' own defaults differ (10,000 in 2.x, 50,000 in 3.x).
+    retention_gc_batch_size: int = Field(default=10_000, ge=1)
     handshake_timeout_secs: float = Field(default=10, gt=0)
+    # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
+    # socket, and no compression oracle on a stream that carries keys in its URL).
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
+    ws_permessage_deflate: bool = False
+    allowed_origins: str = Field(default="", description="comma-separated; executors send no Origin at all")
+    max_connections_per_key: int = Field(default=10_000, ge=1)
+    handshakes_per_key_per_second: float = Field(default=100, gt=0)
     recovery_timeout_secs: float = Field(default=60, gt=0)
 
     @field_validator("data_dir")
     @classmethod
     def _absolute(cls, value: Path) -> Path:
         return value.expanduser().resolve()
+
+    @property
+    def origins(self) -> frozenset[str]:
+        return frozenset(o.strip() for o in self.allowed_origins.split(",") if o.strip())
 
     @property
     def db_url(self) -> str:

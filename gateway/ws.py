@@ -16,11 +16,12 @@ from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
 
 from gateway import session as sm
-from gateway.errors import ForbiddenError, NotFoundError, ProtocolError, RelayError
+from gateway.errors import AuthError, ForbiddenError, NotFoundError, ProtocolError, RelayError
 from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
 from gateway.problems import relay_problem
 from gateway.runtime import Gateway
 from gateway.schemas import APP_PATTERN
+from gateway.store import hash_key
 from workflows.inputs import ConnectedSignal, ExecutorInfo
 
 log = logging.getLogger("relay.gateway")
@@ -32,23 +33,48 @@ _app_name = re.compile(APP_PATTERN)
 async def executor_socket(websocket: WebSocket, app_name: str, key: str) -> None:
     gw: Gateway = websocket.app.state.gateway
     source_ip = websocket.client.host if websocket.client else ""
+    org: str | None = None
     try:
+        gw.admission.check_origin(websocket.headers.get("origin"))
         if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
             raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
-        principal = await asyncio.to_thread(gw.store.authenticate, key)
+        digest = hash_key(key)
+        gw.admission.check_unknown(digest)
+        try:
+            principal = await asyncio.to_thread(gw.store.authenticate, key)
+        except AuthError:
+            gw.admission.remember_unknown(digest)
+            raise
+        org = principal.org
         if not principal.allows(app_name):
             raise ForbiddenError(f"this key is not allowed for app {app_name!r}")
-        await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name, subject=f"key:{principal.key_name}",
-                                source_ip=source_ip)
+        gw.admission.admit(principal.key_id)
     except RelayError as err:
-        log.info("refused executor connection for app %r from %s: %s", app_name, source_ip, err.detail)
-        await websocket.send_denial_response(relay_problem(err))
+        await _refuse(gw, websocket, err, app=app_name, org=org, source_ip=source_ip)
         return
-    await websocket.accept()
-    await _serve(gw, websocket, principal.org, app_name, source_ip)
+    try:
+        await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name,
+                                subject=f"key:{principal.key_name}", source_ip=source_ip)
+        await websocket.accept()
+        await _serve(gw, websocket, principal.org, app_name, source_ip, principal.key_id)
+    finally:
+        gw.admission.release(principal.key_id)
 
 
-async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_ip: str) -> None:
+async def _refuse(gw: Gateway, websocket: WebSocket, err: RelayError, *, app: str, org: str | None,
+                  source_ip: str) -> None:
+    """Refuse before the upgrade. SDKs retry every second forever, so reporting is rate-limited."""
+    if gw.admission.should_report(source_ip, f"{err.status}:{app}"):
+        log.info("refused executor connection for app %r from %s: %s (%d similar refusals suppressed so far)",
+                 app, source_ip, err.detail, gw.admission.suppressed)
+        if org is not None:
+            await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
+                                    status="failure", source_ip=source_ip,
+                                    details={"status": err.status, "reason": err.detail})
+    await websocket.send_denial_response(relay_problem(err))
+
+
+async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_ip: str, key_id: str) -> None:
     session = sm.Session()
     await websocket.send_text(session.start())
     try:
@@ -65,7 +91,7 @@ async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_i
         return
     info = handshake.info
     conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
-                      session=session, send=websocket.send_text,
+                      session=session, send=websocket.send_text, key_id=key_id,
                       close=lambda code, reason: _close(websocket, code, reason))
     superseded = gw.hub.attach(conn)
     if superseded is not None:

@@ -113,19 +113,29 @@ class Relay:
         return [(op, ex) for op, ex in rows]
 
 
-@pytest.fixture(scope="session")
-def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay")
-    env = relay_env(data_dir)
-    process = Process([str(VENV_BIN / "relay"), "dev"], env=env, log=data_dir / "relay.log")
+def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> Relay:
+    """Start `relay dev` with ``env`` (see ``relay_env``) and wait until it serves; the caller stops it."""
+    process = Process([str(VENV_BIN / "relay"), "dev"], env=env, log=data_dir / log)
     url = f"http://127.0.0.1:{env['RELAY_PORT']}"
     try:
         wait_until(lambda: _healthy(url), timeout=60, what="relay dev /healthz")
-        key = (data_dir / "dev-key").read_text().strip()
-        yield Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir)
+    except AssertionError:
+        process.stop()
+        raise AssertionError(process.output()[-3000:]) from None
+    key = (data_dir / "dev-key").read_text().strip()
+    return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir)
+
+
+@pytest.fixture(scope="session")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    """One `relay dev` for the whole test session, on free ports and a temp data dir."""
+    data_dir = tmp_path_factory.mktemp("relay")
+    started = start_relay(data_dir, relay_env(data_dir))
+    try:
+        yield started
     finally:
-        code = process.stop()
-        assert code == 0, process.output()[-3000:]
+        code = started.process.stop()
+        assert code == 0, started.process.output()[-3000:]
 
 
 def _healthy(url: str) -> bool:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, wait_until
+from tests.support import play_executor, relay_env, start_relay, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -19,28 +18,9 @@ def _children(pid: int) -> set[int]:
     return {int(p) for p in path.read_text().split()} if path.exists() else set()
 
 
-def _start(data_dir: Path, env: dict[str, str], log: str) -> Relay:
-    process = Process([str(VENV_BIN / "relay"), "dev"], env=env, log=data_dir / log)
-    url = f"http://127.0.0.1:{env['RELAY_PORT']}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, timeout=60, what="relay dev up")
-    except AssertionError:
-        process.stop()
-        raise
-    key = (data_dir / "dev-key").read_text().strip()
-    return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir)
-
-
 def test_restart_resumes_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
     env = relay_env(tmp_path)
-    first = _start(tmp_path, env, "first.log")
+    first = start_relay(tmp_path, env, "first.log")
     try:
         [temporal_pid] = _children(first.process.pid)
         assert "temporal" in Path(f"/proc/{temporal_pid}/cmdline").read_text()
@@ -55,7 +35,7 @@ def test_restart_resumes_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
         assert first.process.stop() == 0, first.process.output()[-2000:]
     assert not Path(f"/proc/{temporal_pid}").exists() or _is_zombie(temporal_pid), "temporal left behind"
 
-    second = _start(tmp_path, env, "second.log")
+    second = start_relay(tmp_path, env, "second.log")
     try:
         assert second.key == first.key
         # The grace timer started under the first run fires under the second: DEAD, then waiting for a peer.

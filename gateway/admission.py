@@ -1,0 +1,89 @@
+"""Who may open an executor socket, decided cheaply: Origin allow-list, a short memory of unknown keys (SDKs
+retry a refused upgrade every second, forever), per-key handshake rate and connection caps, and rate-limited
+reporting of refusals. Pure bookkeeping: no I/O, the caller supplies the clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from gateway.errors import AuthError, ForbiddenError, RateLimitedError
+
+Clock = Callable[[], float]
+
+UNKNOWN_KEY_MEMORY = timedelta(seconds=2)
+REPORT_EVERY = timedelta(seconds=60)
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+
+
+@dataclass
+class Admission:
+    clock: Clock
+    max_connections_per_key: int = 10_000
+    handshakes_per_second: float = 100.0
+    allowed_origins: frozenset[str] = frozenset()
+    _unknown: dict[str, float] = field(default_factory=dict)
+    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _open: dict[str, int] = field(default_factory=dict)
+    _reported: dict[tuple[str, str], float] = field(default_factory=dict)
+    suppressed: int = 0
+
+    def check_origin(self, origin: str | None) -> None:
+        """Executors send no Origin; a browser does. A present Origin must be allow-listed."""
+        if origin is not None and origin not in self.allowed_origins:
+            raise ForbiddenError("this Origin may not open executor sockets")
+
+    def check_unknown(self, key_hash: str) -> None:
+        """Refuse without a database look-up a key that was unknown moments ago."""
+        until = self._unknown.get(key_hash)
+        if until is not None:
+            if self.clock() < until:
+                raise AuthError("unknown or revoked API key")
+            del self._unknown[key_hash]
+
+    def remember_unknown(self, key_hash: str) -> None:
+        if len(self._unknown) > 100_000:
+            self._unknown.clear()  # bound memory under a flood of distinct bad keys
+        self._unknown[key_hash] = self.clock() + UNKNOWN_KEY_MEMORY.total_seconds()
+
+    def admit(self, key_id: str) -> None:
+        """Take one handshake token and one connection slot for ``key_id``; ``release`` gives the slot back."""
+        if self._open.get(key_id, 0) >= self.max_connections_per_key:
+            raise RateLimitedError(f"this key already holds {self.max_connections_per_key} connections")
+        now = self.clock()
+        rate = self.handshakes_per_second
+        bucket = self._buckets.setdefault(key_id, _Bucket(tokens=rate, updated=now))
+        bucket.tokens = min(rate, bucket.tokens + (now - bucket.updated) * rate)
+        bucket.updated = now
+        if bucket.tokens < 1:
+            raise RateLimitedError("too many handshakes for this key; retry shortly")
+        bucket.tokens -= 1
+        self._open[key_id] = self._open.get(key_id, 0) + 1
+
+    def release(self, key_id: str) -> None:
+        left = self._open.get(key_id, 0) - 1
+        if left > 0:
+            self._open[key_id] = left
+        else:
+            self._open.pop(key_id, None)
+
+    def open_connections(self, key_id: str) -> int:
+        return self._open.get(key_id, 0)
+
+    def should_report(self, source: str, reason: str) -> bool:
+        """At most one log line and audit row per source and reason per minute; the rest are counted."""
+        now = self.clock()
+        last = self._reported.get((source, reason))
+        if last is not None and now - last < REPORT_EVERY.total_seconds():
+            self.suppressed += 1
+            return False
+        if len(self._reported) > 10_000:
+            self._reported.clear()
+        self._reported[(source, reason)] = now
+        return True
