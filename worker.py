@@ -1,20 +1,36 @@
-"""The Temporal worker for Relay's workflows and database activities, on the shared task queue."""
+"""The Temporal worker for Relay's workflows and database activities, on the shared task queue; at start-up it
+also creates (or reconciles) the retention schedule."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import timedelta
 
-from temporalio.client import Client
+from temporalio.client import (
+    Client,
+    Schedule,
+    ScheduleActionStartWorkflow,
+    ScheduleAlreadyRunningError,
+    ScheduleIntervalSpec,
+    ScheduleOverlapPolicy,
+    SchedulePolicy,
+    ScheduleSpec,
+    ScheduleUpdate,
+    ScheduleUpdateInput,
+)
 from temporalio.worker import Worker
 
 from activities.registry import RegistryActivities
+from activities.retention import RetentionActivities
 from gateway.models import make_engine
 from gateway.settings import Settings
 from gateway.store import Store
 from gateway.temporal import connect
-from workflows.inputs import SHARED_TASK_QUEUE
+from workflows.gateway import GatewayWorkflow
+from workflows.inputs import RETENTION_SCHEDULE_ID, SHARED_TASK_QUEUE, RetentionInput
 from workflows.lifecycle import ExecutorLifecycleWorkflow
+from workflows.retention import AppRetentionWorkflow, RetentionWorkflow
 
 log = logging.getLogger("relay.worker")
 
@@ -23,8 +39,8 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[ExecutorLifecycleWorkflow],
-        activities=RegistryActivities(store).all(),
+        workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow],
+        activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all()],
     )
 
 
@@ -35,5 +51,74 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     client = await connect(settings.temporal_target, settings.temporal_namespace)
     async with build_worker(client, store):
         log.info("worker running on task queue %s", SHARED_TASK_QUEUE)
+        await ensure_retention_schedule(client, settings)
         await stop.wait()
     store.engine.dispose()
+
+
+# -- the retention schedule (issue 6) ----------------------------------------------------------------------------
+
+# After Temporal was unavailable, run at most the rounds due in this last stretch, not a backlog (the server's
+# default is a year). Temporal's minimum is 10 s.
+RETENTION_CATCHUP_WINDOW = timedelta(minutes=1)
+
+
+def retention_schedule(settings: Settings) -> Schedule:
+    """The schedule Relay wants: a ``RetentionWorkflow`` every ``retention_interval``, overlaps skipped."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            RetentionWorkflow.run,
+            RetentionInput(interval=settings.retention_interval, gc_batch_size=settings.retention_gc_batch_size,
+                           reply_timeout=settings.recovery_timeout),
+            id=RETENTION_SCHEDULE_ID,  # the schedule appends the nominal time to each run's id
+            task_queue=SHARED_TASK_QUEUE,
+            static_summary="Relay retention round",
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=settings.retention_interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=RETENTION_CATCHUP_WINDOW),
+    )
+
+
+async def ensure_retention_schedule(client: Client, settings: Settings) -> None:
+    """Create the schedule if missing; if it exists, bring its interval, argument and policy up to the settings.
+
+    Idempotent, so every worker may call it at start-up. Its state (paused, note) is left alone: an operator's
+    pause survives restarts. Workers started with different settings overwrite each other: the last one wins.
+    """
+    desired = retention_schedule(settings)
+    try:
+        await client.create_schedule(RETENTION_SCHEDULE_ID, desired)
+        log.info("retention schedule %s created: every %s", RETENTION_SCHEDULE_ID, settings.retention_interval)
+        return
+    except ScheduleAlreadyRunningError:
+        pass
+
+    async def reconcile(current: ScheduleUpdateInput) -> ScheduleUpdate | None:
+        schedule = current.description.schedule
+        if await _same_schedule(client, schedule, desired):
+            return None
+        schedule.action, schedule.spec, schedule.policy = desired.action, desired.spec, desired.policy
+        log.info("retention schedule %s updated: every %s", RETENTION_SCHEDULE_ID, settings.retention_interval)
+        return ScheduleUpdate(schedule=schedule)
+
+    await client.get_schedule_handle(RETENTION_SCHEDULE_ID).update(reconcile)
+
+
+async def _same_schedule(client: Client, current: Schedule, desired: Schedule) -> bool:
+    def intervals(schedule: Schedule) -> list[tuple[timedelta, timedelta]]:
+        return [(i.every, i.offset or timedelta(0)) for i in schedule.spec.intervals]
+
+    action, want = current.action, desired.action
+    if not isinstance(action, ScheduleActionStartWorkflow) or not isinstance(want, ScheduleActionStartWorkflow):
+        return False
+    if (intervals(current) != intervals(desired) or current.spec.calendars or current.spec.cron_expressions
+            or (current.policy.overlap, current.policy.catchup_window)
+            != (desired.policy.overlap, desired.policy.catchup_window)
+            or (action.workflow, action.id, action.task_queue) != (want.workflow, want.id, want.task_queue)):
+        return False
+    try:
+        # A described schedule's arguments are raw payloads; decode them to compare with the settings.
+        args = await client.data_converter.decode(list(action.args), [RetentionInput])
+    except Exception:  # an argument of another shape (an older Relay): replace it
+        return False
+    return list(args) == list(want.args)

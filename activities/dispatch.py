@@ -3,6 +3,7 @@ process's own task queue, and write to the socket through the hub."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -16,9 +17,12 @@ from gateway.session import Reply
 from workflows.inputs import (
     Activity,
     DispatchRecoveryInput,
+    DispatchRetentionInput,
     ExistPendingInput,
     ExistPendingReply,
+    HoldGatewayInput,
     RecoveryReply,
+    RetentionReply,
 )
 
 
@@ -44,12 +48,31 @@ class HubActivities:
         return ExistPendingReply(reply.reply.exist, reply.reply.error_message)
 
     async def _request(self, executor_id: str, request_id: str, frame: str,
-                       input: DispatchRecoveryInput | ExistPendingInput) -> Reply:
+                       input: DispatchRecoveryInput | ExistPendingInput | DispatchRetentionInput) -> Reply:
         try:
             return await self._hub.get(executor_id).request(request_id, frame, timeout=input.timeout)
         except RelayError as err:
             # The workflow picks another peer; retrying here against the same socket would not help.
             raise ApplicationError(err.detail, type=type(err).__name__, non_retryable=True) from None
 
+    @activity.defn(name=Activity.DISPATCH_RETENTION)
+    async def dispatch_retention(self, input: DispatchRetentionInput) -> RetentionReply:
+        c = input.cutoffs
+        frame = wire.retention_request(input.request_id, gc_cutoff=c.gc_cutoff, gc_rows_threshold=c.gc_rows_threshold,
+                                       gc_batch_size=c.gc_batch_size, timeout_cutoff=c.timeout_cutoff)
+        reply = await self._request(input.executor_id, input.request_id, frame, input)
+        if not isinstance(reply.reply, wire.RetentionReply):
+            return RetentionReply(False, reply.reply.error_message or f"unexpected {reply.reply.type} reply")
+        return RetentionReply(reply.reply.success, reply.reply.error_message)
+
+    @activity.defn(name=Activity.HOLD_GATEWAY)
+    async def hold_gateway(self, input: HoldGatewayInput) -> None:
+        """Heartbeat for as long as this gateway process lives (up to ``hold_for``)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + input.hold_for.total_seconds()
+        while loop.time() < until:
+            activity.heartbeat(len(self._hub))
+            await asyncio.sleep(input.heartbeat_interval.total_seconds())
+
     def all(self) -> list[Callable[..., Any]]:
-        return [self.dispatch_recovery, self.exist_pending_workflows]
+        return [self.dispatch_recovery, self.exist_pending_workflows, self.dispatch_retention, self.hold_gateway]

@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
+from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.errors import NotFoundError
 from gateway.models import DEFAULT_EXECUTOR_TIMEOUT, ExecutorStatus
@@ -17,10 +18,14 @@ from workflows.inputs import (
     Activity,
     Candidate,
     DeleteExecutorInput,
+    DisconnectedSignal,
+    DisconnectGatewayInput,
+    DisconnectGatewayResult,
     GetExecutorTimeoutInput,
     RecordStatusInput,
     SelectCandidateInput,
     WriteAuditInput,
+    lifecycle_workflow_id,
 )
 
 
@@ -72,6 +77,26 @@ class RegistryActivities:
             details=input.details,
         )
 
+    @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
+    async def disconnect_gateway_executors(self, input: DisconnectGatewayInput) -> DisconnectGatewayResult:
+        """Signal ``disconnected`` for every executor the registry places on a gateway that is gone.
+
+        Each signal carries the connection id the registry recorded: if the executor reconnected elsewhere
+        meanwhile, its workflow holds a newer connection and ignores this one as stale.
+        """
+        held = await asyncio.to_thread(self._store.executors_on_gateway, input.gateway_queue)
+        client = activity.client()
+        for org, app, executor_id, connection_id in held:
+            handle = client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
+            signal = DisconnectedSignal(connection_id=connection_id, reason=input.reason,
+                                        signal_id=f"gateway-gone/{input.gateway_queue}/{connection_id}")
+            try:
+                await handle.signal("disconnected", signal)
+            except RPCError as err:
+                if err.status != RPCStatusCode.NOT_FOUND:
+                    raise
+        return DisconnectGatewayResult(signalled=len(held))
+
     def all(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor]
+                self.delete_executor, self.disconnect_gateway_executors]

@@ -1,95 +1,164 @@
-"""REST admin API routes (Conductor v2 subset): applications and executors, Bearer-authenticated."""
+"""REST admin API routes (Conductor v2 subset): applications and executors, plus the token and audit routers.
+
+Every operation documents its problem responses (``gateway.problems``); app changes are audited with the
+caller's key as subject and the request's source IP.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import uuid
+from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Path, Request, Response
+from fastapi import APIRouter, Body, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from temporalio.service import RPCError, RPCStatusCode
 
-from gateway.errors import AuthError, ForbiddenError
-from gateway.models import ExecutorStatus
-from gateway.schemas import (
-    APP_PATTERN,
-    ORG_PATTERN,
-    Application,
-    Executor,
-    Health,
-    PatchAppInputBody,
-    PutAppInputBody,
-)
-from gateway.store import Principal, Store
+from gateway import api_audit, api_tokens, models, revocation
+from gateway.api_common import AppName, AppPrincipal, GatewayDep, OrgName, OrgPrincipal, StoreDep, source_ip
+from gateway.errors import TemporalUnavailableError
+from gateway.problems import responses
+from gateway.runtime import Gateway
+from gateway.schemas import EXTENSION, Application, Executor, Health, PatchAppInputBody, PutAppInputBody
+from gateway.store import Store, subject_of
+from workflows.inputs import RemovedSignal, lifecycle_workflow_id
 
-OrgName = Annotated[str, Path(min_length=3, max_length=30, pattern=ORG_PATTERN)]
-AppName = Annotated[str, Path(min_length=3, max_length=30, pattern=APP_PATTERN)]
+log = logging.getLogger("relay.gateway")
 
-bearer = HTTPBearer(auto_error=False)
-
-
-def get_store(request: Request) -> Store:
-    store: Store = request.app.state.store
-    return store
-
-
-StoreDep = Annotated[Store, Depends(get_store)]
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
-
-
-async def app_principal(store: StoreDep, orgName: OrgName, appName: AppName, credentials: Credentials) -> Principal:
-    """The caller's key, checked against the org and app in the path (401 missing/unknown, 403 not allowed)."""
-    if credentials is None:
-        raise AuthError("missing bearer token")
-    p = await run_in_threadpool(store.authorize, credentials.credentials, orgName)
-    if not p.allows(appName):
-        raise ForbiddenError(f"this key is not allowed for app {appName!r}")
-    return p
-
-
-AppPrincipal = Annotated[Principal, Depends(app_principal)]
+# deleteApp: how hard to try to tell each lifecycle workflow, and how long to let them end before closing
+# sockets (a socket closed first reconnects at once, and its ``connected`` would race the removal).
+SIGNAL_ATTEMPTS = 3
+SIGNAL_BACKOFF = timedelta(milliseconds=200)
+REMOVAL_WAIT = timedelta(seconds=3)
 
 router = APIRouter(prefix="/v2/orgs/{orgName}")
+router.include_router(api_tokens.router)
+router.include_router(api_audit.router)
 health_router = APIRouter(tags=["Health"])
 
+APP_ERRORS = responses(401, 403, 404, 422)
 
-def _public(store: Store, org: str, name: str) -> Application:
-    app = store.get_app(org, name)
-    executors = store.list_executors(org, name)
-    available = any(e.status == ExecutorStatus.HEALTHY for e in executors)
+
+def _public(app: models.Application, executors: list[models.Executor]) -> Application:
+    available = any(e.status == models.ExecutorStatus.HEALTHY for e in executors)
     language = next((e.language for e in reversed(executors) if e.language), None)
     return Application.of(app, available=available, language=language)
 
 
-def _source_ip(request: Request) -> str:
-    return request.client.host if request.client else ""
+def _load(store: Store, org: str, name: str) -> Application:
+    return _public(store.get_app(org, name), store.list_executors(org, name))
 
 
-@router.get("/apps/{appName}", operation_id="getApp", summary="Get application", tags=["Applications"])
+@router.get("/apps", operation_id="listApps", summary="List applications", tags=["Applications"],
+            responses=responses(401, 403, 404, 422))
+async def list_apps(orgName: OrgName, p: OrgPrincipal, store: StoreDep) -> list[Application]:
+    """The org's applications, by name; an app-restricted key sees only its own."""
+    rows = await run_in_threadpool(store.list_apps, orgName, p.apps)
+    return [_public(app, executors) for app, executors in rows]
+
+
+@router.get("/apps/{appName}", operation_id="getApp", summary="Get application", tags=["Applications"],
+            responses=APP_ERRORS)
 async def get_app(orgName: OrgName, appName: AppName, _p: AppPrincipal, store: StoreDep) -> Application:
-    return await run_in_threadpool(_public, store, orgName, appName)
+    return await run_in_threadpool(_load, store, orgName, appName)
 
 
 @router.put("/apps/{appName}", operation_id="registerApp", summary="Register application", status_code=204,
-            tags=["Applications"])
+            tags=["Applications"], responses=responses(401, 403, 404, 422))
 async def register_app(orgName: OrgName, appName: AppName, p: AppPrincipal, store: StoreDep, request: Request,
-                       body: Annotated[PutAppInputBody | None, Body()] = None) -> Response:
-    await run_in_threadpool(store.ensure_app, orgName, appName, subject=f"key:{p.key_name}",
-                            source_ip=_source_ip(request), private_mode=body.privateMode if body else None)
+                       body: Annotated[PutAppInputBody, Body(default_factory=PutAppInputBody)]) -> Response:
+    """Registers the app with default settings; registering it again changes nothing but ``privateMode``, when
+    given."""
+    private_mode = body.privateMode if "privateMode" in body.model_fields_set else None
+
+    def register() -> None:
+        app, created = store.ensure_app(orgName, appName, subject=subject_of(p), source_ip=source_ip(request),
+                                        private_mode=private_mode)
+        if not created and private_mode is not None and private_mode != app.private_mode:
+            store.update_app(orgName, appName, {"private_mode": private_mode}, subject=subject_of(p),
+                             source_ip=source_ip(request))
+
+    await run_in_threadpool(register)
     return Response(status_code=204)
 
 
 @router.patch("/apps/{appName}", operation_id="updateApp", summary="Update application", status_code=204,
-              tags=["Applications"])
+              tags=["Applications"], responses=APP_ERRORS)
 async def update_app(orgName: OrgName, appName: AppName, p: AppPrincipal, store: StoreDep, request: Request,
                      body: PatchAppInputBody) -> Response:
-    """A changed ``executorTimeoutSecs`` applies to every grace period that starts afterwards."""
-    await run_in_threadpool(store.update_app, orgName, appName, body.changes(), subject=f"key:{p.key_name}",
-                            source_ip=_source_ip(request))
+    """A changed ``executorTimeoutSecs`` applies to every grace period that starts afterwards. Relay extension:
+    an explicit ``null`` clears ``gcTimeThresholdMs``, ``gcRowsThreshold`` or ``globalTimeoutMs``."""
+    await run_in_threadpool(store.update_app, orgName, appName, body.changes(), subject=subject_of(p),
+                            source_ip=source_ip(request))
     return Response(status_code=204)
 
 
+@router.delete("/apps/{appName}", operation_id="deleteApp", summary="Delete application", status_code=204,
+               tags=["Applications"], responses=responses(401, 403, 404, 422, 503))
+async def delete_app(orgName: OrgName, appName: AppName, p: AppPrincipal, store: StoreDep, gateway: GatewayDep,
+                     request: Request) -> Response:
+    """Ends the lifecycle of every executor of the app — HEALTHY, DISCONNECTED and DEAD alike, without
+    recovery: pending workflows of DISCONNECTED and DEAD executors are not re-enqueued — removes their records,
+    closes the sockets of the connected ones (close code 1008) and deletes the app. 503, app kept, when Temporal
+    cannot be reached."""
+    def registry() -> list[str]:
+        store.get_app(orgName, appName)  # 404 for an unknown app
+        return [e.executor_id for e in store.list_executors(orgName, appName)]
+
+    # Those on record, and those connected here whose ``connected`` is not recorded yet.
+    live = {c.executor_id for c in gateway.hub.connections() if (c.org, c.app) == (orgName, appName)}
+    ids = sorted(set(await run_in_threadpool(registry)) | live)
+    running = dict(zip(ids, await asyncio.gather(*(_signal_removed(gateway, orgName, appName, i) for i in ids)),
+                       strict=True))
+    await _await_removed(gateway, [lifecycle_workflow_id(orgName, appName, i) for i, ok in running.items() if ok])
+    await revocation.close_app_sockets(gateway.hub, orgName, appName)
+    # Last, so that other gateways' watchers close their sockets only once the lifecycles have ended.
+    await run_in_threadpool(lambda: store.delete_app(
+        orgName, appName, subject=subject_of(p), source_ip=source_ip(request), details={"executors": ids},
+        orphans=[i for i, ok in running.items() if not ok]))
+    return Response(status_code=204)
+
+
+async def _signal_removed(gateway: Gateway, org: str, app: str, executor_id: str) -> bool:
+    """Signal ``removed``; False when the workflow no longer runs. 503 when Temporal stays unreachable."""
+    handle = gateway.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
+    signal = RemovedSignal(signal_id=str(uuid.uuid4()), reason="app deleted")
+    for attempt in range(1, SIGNAL_ATTEMPTS + 1):
+        try:
+            await handle.signal("removed", signal)
+            return True
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                return False
+            log.warning("signal removed to %s failed (attempt %d): %s", handle.id, attempt, err.message)
+        await asyncio.sleep(SIGNAL_BACKOFF.total_seconds() * attempt)
+    raise TemporalUnavailableError("Temporal could not be reached to end the executors' lifecycles; the app was "
+                                   "not deleted: retry")
+
+
+async def _await_removed(gateway: Gateway, workflow_ids: list[str]) -> None:
+    """Give the signalled workflows up to ``REMOVAL_WAIT`` to end, so no reconnect races their removal."""
+    if not workflow_ids:
+        return
+
+    async def ended(workflow_id: str) -> None:
+        try:
+            await gateway.client.get_workflow_handle(workflow_id).result()
+        except Exception as err:  # failed, cancelled, terminated: ended all the same
+            log.debug("lifecycle %s ended with %s", workflow_id, err)
+
+    tasks = [asyncio.ensure_future(ended(w)) for w in workflow_ids]
+    _, pending = await asyncio.wait(tasks, timeout=REMOVAL_WAIT.total_seconds())
+    for task in pending:
+        task.cancel()
+    if pending:
+        log.warning("%d lifecycle workflows still running %s after removal", len(pending), REMOVAL_WAIT)
+
+
 @router.get("/apps/{appName}/executors", operation_id="listExecutors", summary="List executors",
-            tags=["Executors"])
+            tags=["Executors"], responses=APP_ERRORS)
 async def list_executors(orgName: OrgName, appName: AppName, _p: AppPrincipal,
                          store: StoreDep) -> list[Executor]:
     def load() -> list[Executor]:
@@ -99,6 +168,7 @@ async def list_executors(orgName: OrgName, appName: AppName, _p: AppPrincipal,
     return await run_in_threadpool(load)
 
 
-@health_router.get("/healthz", operation_id="healthz", summary="Health check")
+@health_router.get("/healthz", operation_id="healthz", summary="Health check", responses=responses(),
+                   openapi_extra=EXTENSION)
 async def healthz() -> Health:
     return Health()

@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import api, problems, ws
+from gateway import api, problems, revocation, ws
 from gateway.logs import install_redaction
 from gateway.models import make_engine
 from gateway.runtime import Gateway
@@ -30,7 +30,8 @@ def create_app(settings: Settings) -> FastAPI:
         gateway = Gateway(settings=settings, store=store, client=client)
         app.state.store = store
         app.state.gateway = gateway
-        async with gateway.worker():
+        async with gateway.worker(), revocation.watch(store=store, hub=gateway.hub):
+            await gateway.start_watch()
             log.info("gateway ready; socket-bound activities on task queue %s", gateway.task_queue)
             yield
             await gateway.close_all()

@@ -1,4 +1,4 @@
-"""The ``relay`` command: ``dev``, ``gateway``, ``worker``, ``keys create``."""
+"""The ``relay`` command: ``dev``, ``gateway``, ``worker``, ``keys create``; the admin commands are in ``admin_cli``."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from collections.abc import Generator, Sequence
 import uvicorn
 
 import worker
+from gateway import admin_cli
 from gateway.app import create_app
 from gateway.devserver import TemporalDevServer
 from gateway.errors import AuthError
@@ -43,8 +44,8 @@ def _server(settings: Settings) -> _Server:
         ws=liveness_protocol(settings.executor_ping_wait),
         ws_ping_interval=settings.server_ping_interval_secs,
         ws_ping_timeout=None,
-        # Off: memory per idle socket, and no compression oracle on the key-bearing stream.
-        ws_per_message_deflate=False,
+        ws_per_message_deflate=settings.ws_permessage_deflate,
+        ws_max_size=settings.max_message_bytes,
         log_level="info",
         lifespan="on",
     )
@@ -136,6 +137,7 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--org", default=DEV_ORG)
     create.add_argument("--app", action="append", help="restrict the key to this app (repeatable)")
     create.add_argument("--name", default="cli", help="a label for the key")
+    admin_cli.add_commands(sub, keys)
     return p
 
 
@@ -151,8 +153,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(_gateway(settings))
     elif args.command == "worker":
         asyncio.run(_worker(settings))
-    elif args.command == "keys":
-        _keys_create(settings, args)
+    elif args.command == "keys" and args.keys_command == "create" and not admin_cli.api_key(args):
+        _keys_create(settings, args)  # no key to call the API with: bootstrap one in the local database
+    else:
+        admin_cli.run(args, settings)
 
 
 if __name__ == "__main__":

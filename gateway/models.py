@@ -109,6 +109,18 @@ class AuditLog(SQLModel, table=True):
     details: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
+class RetentionState(SQLModel, table=True):
+    """When each app's last retention round was started (issue 6). A table of its own rather than a column on
+    ``Application``: ``create_all`` adds missing tables to an existing database, never missing columns."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    # The round's own clock (the workflow's), the instant its cutoffs were computed from.
+    last_started_at: datetime = Field(sa_type=UTCDateTime)
+    executor_id: str | None = None
+    request_id: str | None = None
+
+
 def make_engine(url: str) -> Engine:
     """Engine with the tables created. SQLite gets WAL and a busy timeout: gateway and worker share the file."""
     if url.startswith("sqlite"):

@@ -20,12 +20,15 @@ from gateway.admission import Admission
 from gateway.hub import Hub
 from gateway.settings import Settings
 from gateway.store import Store
+from workflows.gateway import GatewayWorkflow
 from workflows.inputs import (
     GATEWAY_TASK_QUEUE_PREFIX,
     SHARED_TASK_QUEUE,
     ConnectedSignal,
     DisconnectedSignal,
+    GatewayInput,
     LifecycleInput,
+    gateway_workflow_id,
     lifecycle_workflow_id,
 )
 from workflows.lifecycle import ExecutorLifecycleWorkflow
@@ -54,6 +57,16 @@ class Gateway:
 
     def worker(self) -> Worker:
         return Worker(self.client, task_queue=self.task_queue, activities=HubActivities(self.hub).all())
+
+    async def start_watch(self) -> None:
+        """Start the workflow that disconnects this gateway's executors if this process dies."""
+        await self.client.start_workflow(
+            GatewayWorkflow.run,
+            GatewayInput(self.task_queue, heartbeat_timeout=self.settings.gateway_heartbeat_timeout),
+            id=gateway_workflow_id(self.task_queue),
+            task_queue=SHARED_TASK_QUEUE,
+            static_summary=f"gateway process {self.task_queue}",
+        )
 
     async def signal_connected(self, org: str, app: str, signal: ConnectedSignal) -> bool:
         """Signal-with-start the executor's lifecycle workflow. False when Temporal stayed unreachable."""

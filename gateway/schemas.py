@@ -1,21 +1,75 @@
 """REST request and response models, in the upstream Conductor field names and units.
 
 This is one of the two edges where seconds and milliseconds exist; conversions go through ``gateway.units``.
+Relay-only properties carry ``x-relay-extension: true`` in the spec; upstream properties that Relay accepts
+more of (or less of) say how in ``x-relay-extended``.
 """
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from typing import Any, Literal
+import re
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+)
 
 from gateway import models, units
 
 MAX_EXECUTOR_TIMEOUT = timedelta(days=7)
+# Upstream says int64; Relay bounds durations so they fit a timedelta and every database's interval type.
+MAX_RETENTION_DURATION = timedelta(days=36_525)  # 100 years
+# Upstream's int64 counts are bounded here by the largest integer every JSON client (JavaScript's included)
+# reads exactly; the spec states the bound as a float, exact for this value, not for 2**63 - 1.
+MAX_JSON_INT = 2**53 - 1
 
 ORG_PATTERN = r"^[a-z0-9_]+$"
 APP_PATTERN = r"^[a-z0-9-_]+$"
+# Upstream leaves token names and audit filters unconstrained; Relay refuses control characters in them
+# (PostgreSQL text cannot hold NUL) and bounds their length.
+PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+TOKEN_NAME_MAX = 100
+FILTER_MAX = 200
+
+EXTENSION: dict[str, Any] = {"x-relay-extension": True}
+
+
+def extended(how: str) -> dict[str, Any]:
+    """Marks an upstream property whose Relay semantics differ, and says how."""
+    return {"x-relay-extended": how}
+
+
+AppNameStr = Annotated[str, StringConstraints(min_length=3, max_length=30, pattern=APP_PATTERN)]
+
+
+class InputBody(BaseModel):
+    """A strict request body: unknown fields and wrong JSON types are refused. Upstream bodies may carry their
+    JSON Schema's URL in ``$schema`` (a client echoing a response back); it is accepted and ignored."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    schema_url: str = Field(default="", alias="$schema",
+                            description="A URL to the JSON Schema for this object (accepted and ignored).")
+
+
+def _integral(value: Any) -> Any:
+    """JSON has one number type: ``60.0`` is the integer 60 to JSON Schema (and to schemathesis), so take it;
+    ``60.5``, ``"60"`` and ``true`` still fail the strict integer check."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+_JSON_INT = BeforeValidator(_integral)  # in strict models: no strings, booleans or fractions for an integer
+
+
+# -- applications --------------------------------------------------------------------------------------------
 
 
 class Application(BaseModel):
@@ -50,21 +104,27 @@ class Application(BaseModel):
         )
 
 
-class PutAppInputBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PutAppInputBody(InputBody):
+    """Upstream ``PutAppInputBody``: ``privateMode`` left out keeps the current value."""
 
-    privateMode: bool | None = None
+    privateMode: bool = False
 
 
-class PatchAppInputBody(BaseModel):
+# The bounds sit inside each type, before the validator, so the spec states them on the integer branch of
+# ``X | None`` as minimum/maximum.
+ExecutorTimeoutSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_EXECUTOR_TIMEOUT)), _JSON_INT]
+RetentionMs = Annotated[int, Field(gt=0, le=units.timedelta_to_ms(MAX_RETENTION_DURATION)), _JSON_INT]
+RowCount = Annotated[int, Field(gt=0, le=MAX_JSON_INT), _JSON_INT]
+_CLEARABLE = extended("null clears the setting (Relay extension; upstream accepts integers only)")
+
+
+class PatchAppInputBody(InputBody):
     """Fields left out change nothing. Relay extension: an explicit ``null`` clears a retention setting."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    executorTimeoutSecs: int = Field(default=60, ge=1, le=units.timedelta_to_seconds(MAX_EXECUTOR_TIMEOUT))
-    gcRowsThreshold: int | None = Field(default=None, gt=0)
-    gcTimeThresholdMs: int | None = Field(default=None, gt=0)
-    globalTimeoutMs: int | None = Field(default=None, gt=0)
+    executorTimeoutSecs: ExecutorTimeoutSecs = 60
+    gcRowsThreshold: RowCount | None = Field(default=None, json_schema_extra=_CLEARABLE)
+    gcTimeThresholdMs: RetentionMs | None = Field(default=None, json_schema_extra=_CLEARABLE)
+    globalTimeoutMs: RetentionMs | None = Field(default=None, json_schema_extra=_CLEARABLE)
     privateMode: bool = False
 
     def changes(self) -> dict[str, Any]:
@@ -114,6 +174,98 @@ class Executor(BaseModel):
             dbosVersion=row.dbos_version,
             executorMetadata=row.executor_metadata,
         )
+
+
+# -- tokens --------------------------------------------------------------------------------------------------
+
+
+class CreateTokenInputBody(InputBody):
+    """Upstream ``CreateTokenInputBody``. ``appNames`` restricts the token to those apps (null or empty: every
+    app of the org). Relay tokens carry no permissions beyond that, so ``permissions`` must be empty."""
+
+    appNames: list[AppNameStr] | None = Field(
+        default=None, max_length=100, json_schema_extra={"uniqueItems": True, **extended("at most 100 names")})
+    permissions: list[str] | None = Field(
+        default=None, max_length=0, json_schema_extra=extended("Relay has no permissions: null or [] only"))
+
+    @field_validator("appNames")
+    @classmethod
+    def _unique(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and len(set(names)) != len(names):
+            raise ValueError("appNames must not repeat a name")
+        return names
+
+
+class TokenCreated(BaseModel):
+    """Upstream ``TokenCreated``: the key itself, shown this once (only its hash is stored)."""
+
+    token: str
+    tokenName: str
+
+
+class Token(BaseModel):
+    """Upstream ``Token``, never with its secret."""
+
+    tokenName: str
+    createdAt: datetime
+    permissions: list[str]
+    appIds: list[str] = Field(description="ids of the registered apps among the token's apps; [] when org-wide")
+    appNames: list[str] | None = Field(
+        description="the apps the token is restricted to, by name, registered or not; null when org-wide",
+        json_schema_extra=EXTENSION)
+
+
+# -- audit log -----------------------------------------------------------------------------------------------
+
+
+class AuditSubject(BaseModel):
+    """Upstream ``AuditSubject``: who acted. Relay extension: ``type: system`` for Relay's own actions (the
+    lifecycle workflow, recoveries, retention)."""
+
+    type: Literal["user", "api_key", "system"] = Field(json_schema_extra={"x-relay-extension-enum": ["system"]})
+    id: str
+    display: str
+
+
+class AuditTarget(BaseModel):
+    """Upstream ``AuditTarget``: what was acted on (an application by name, a token by name, or the org)."""
+
+    type: Literal["application", "token", "organization"]
+    id: str
+
+
+class AuditLogEntry(BaseModel):
+    """Upstream ``AuditLogEntry``. Entries about an executor target its application and carry its id in
+    ``details.executorId``."""
+
+    id: str
+    emitTime: datetime
+    operation: str
+    status: Literal["success", "failure"]
+    subject: AuditSubject
+    target: AuditTarget
+    sourceIp: str
+    details: dict[str, Any] | None
+
+
+# RFC 3339 ``date-time`` (the spec's format), not every form pydantic parses (``0.5`` is a Unix time to it).
+_RFC3339 = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def _rfc3339(value: Any) -> Any:
+    if isinstance(value, str) and not _RFC3339.fullmatch(value):
+        raise ValueError("not an RFC 3339 date-time, e.g. 2025-01-31T12:00:00Z")
+    return value
+
+
+def _utc(value: datetime) -> datetime:
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00 is before datetime.min in UTC
+        raise ValueError("date-time out of range") from None
+
+
+UTCTime = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_utc)]
 
 
 class Health(BaseModel):

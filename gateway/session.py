@@ -31,7 +31,8 @@ class Handshake:
 class Reply:
     """A reply to a request this session sent."""
 
-    reply: wire.RecoveryReply | wire.ExistPendingWorkflowsReply | wire.OtherReply | wire.ExecutorInfoReply
+    reply: (wire.RecoveryReply | wire.ExistPendingWorkflowsReply | wire.RetentionReply | wire.OtherReply
+            | wire.ExecutorInfoReply)
 
 
 @dataclass(frozen=True)

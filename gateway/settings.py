@@ -33,6 +33,8 @@ class Settings(BaseSettings):
     # Rows per delete batch sent in ``retention``; the SDKs' own defaults differ (10,000 in 2.x, 50,000 in 3.x).
     retention_gc_batch_size: int = Field(default=10_000, ge=1)
     handshake_timeout_secs: float = Field(default=10, gt=0)
+    # A gateway process silent this long is declared gone; the executors it held are disconnected then.
+    gateway_heartbeat_timeout_secs: float = Field(default=10, gt=0)
     # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
     # socket, and no compression oracle on a stream that carries keys in its URL).
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
@@ -74,6 +76,10 @@ class Settings(BaseSettings):
     @property
     def retention_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.retention_interval_secs)
+
+    @property
+    def gateway_heartbeat_timeout(self) -> timedelta:
+        return units.seconds_to_timedelta(self.gateway_heartbeat_timeout_secs)
 
     @property
     def handshake_timeout(self) -> timedelta:

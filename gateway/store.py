@@ -10,15 +10,15 @@ import hmac
 import random
 import secrets
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select
+from sqlmodel import Session, and_, col, or_, select
 
-from gateway.errors import AuthError, ForbiddenError, NotFoundError
-from gateway.models import ApiKey, Application, AuditLog, Executor, ExecutorStatus, utcnow
+from gateway.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
+from gateway.models import ApiKey, Application, AuditLog, Executor, ExecutorStatus, RetentionState, utcnow
 
 KEY_PREFIX = "dbos_"
 UNSET: Any = object()
@@ -185,6 +185,13 @@ class Store:
         assert row.gateway_queue is not None
         return row.executor_id, row.gateway_queue
 
+    def executors_on_gateway(self, gateway_queue: str) -> list[tuple[str, str, str, str]]:
+        """``(org, app, executor_id, connection_id)`` of HEALTHY executors whose socket is on that gateway."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue,
+                                                 Executor.status == ExecutorStatus.HEALTHY)).all()
+        return [(r.org, r.app, r.executor_id, r.connection_id or "") for r in rows]
+
     # -- audit ---------------------------------------------------------------------------------------------
 
     def write_audit(self, *, org: str, operation: str, app: str | None = None, executor_id: str | None = None,
@@ -205,8 +212,225 @@ class Store:
                 q = q.where(AuditLog.app == app)
             return list(s.exec(q.order_by(col(AuditLog.emit_time).desc()).limit(limit)).all())
 
+    # -- retention (issue 6) -------------------------------------------------------------------------------
+
+    def list_retention_targets(self, org: str | None = None) -> list[tuple[Application, datetime | None]]:
+        """Apps with at least one retention setting, each with the start of its last round (None: never).
+
+        A ``gc_rows_threshold`` <= 0 counts as unset: it is never sent (``OFFSET -1`` on PostgreSQL).
+        """
+        joined = and_(RetentionState.org == Application.org, RetentionState.app == Application.name)
+        query = (
+            select(Application, RetentionState)
+            .join(RetentionState, joined, isouter=True)
+            .where(or_(col(Application.gc_time_threshold).is_not(None), col(Application.global_timeout).is_not(None),
+                       col(Application.gc_rows_threshold) > 0))
+        )
+        if org is not None:
+            query = query.where(Application.org == org)
+        with Session(self.engine) as s:
+            rows = s.exec(query.order_by(col(Application.org), col(Application.name))).all()
+        return [(app, None if state is None else state.last_started_at) for app, state in rows]
+
+    def select_retention_executor(self, *, org: str, app: str, exclude: list[str]) -> tuple[str, str] | None:
+        """A HEALTHY executor of the app, newest application version first: ``(executor_id, gateway_queue)``.
+
+        Version strings are opaque (often a hash), so the newest version is the one whose most recent executor
+        registered last; within a version, the executor registered last goes first.
+        """
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.HEALTHY,
+                col(Executor.gateway_queue).is_not(None),
+            )).all()
+        newest: dict[str, datetime] = {}
+        for row in rows:  # ranked over every HEALTHY executor, so excluding one does not demote its version
+            newest[row.app_version] = max(row.created_at, newest.get(row.app_version, row.created_at))
+        left = [row for row in rows if row.executor_id not in exclude]
+        if not left:
+            return None
+        best = max(left, key=lambda r: (newest[r.app_version], r.created_at, r.executor_id))
+        assert best.gateway_queue is not None
+        return best.executor_id, best.gateway_queue
+
+    def write_retention_audit(self, *, org: str, app: str, operation: str, event_key: str, status: str,
+                              executor_id: str | None, details: dict[str, Any],
+                              started_at: datetime | None = None, request_id: str | None = None) -> None:
+        """Write one retention audit row and, with ``started_at``, the app's last round, in one transaction and
+        at most once per ``event_key``."""
+        with Session(self.engine) as s:
+            if s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None:
+                return  # a retried activity: this event already landed
+            s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id, operation=operation,
+                           status=status, details=details))
+            if started_at is not None:
+                state = s.get(RetentionState, (org, app))
+                if state is None:
+                    state = RetentionState(org=org, app=app, last_started_at=started_at)
+                state.last_started_at = max(state.last_started_at, started_at)
+                state.executor_id, state.request_id = executor_id, request_id
+                s.add(state)
+            try:
+                s.commit()
+            except IntegrityError:
+                s.rollback()  # the same event_key, written concurrently by an earlier try of this activity
+
+    # -- admin API (issue 3) -------------------------------------------------------------------------------
+
+    def org_exists(self, org: str) -> bool:
+        """An org exists once a key was issued for it (apps are only ever registered with a key of theirs)."""
+        with Session(self.engine) as s:
+            return s.exec(select(ApiKey.id).where(ApiKey.org == org).limit(1)).first() is not None
+
+    def authorize_org(self, key: str, org: str) -> Principal:
+        """401 unknown or revoked key, 404 unknown org, 403 a key of another org."""
+        principal = self.authenticate(key)
+        if principal.org != org:
+            if not self.org_exists(org):
+                raise NotFoundError(f"org {org!r} not found")
+            raise ForbiddenError(f"this key does not belong to org {org!r}")
+        return principal
+
+    def list_apps(self, org: str, names: tuple[str, ...] | None = None
+                  ) -> list[tuple[Application, list[Executor]]]:
+        """The org's apps (only ``names``, when given), each with its executors, in name order."""
+        with Session(self.engine) as s:
+            q = select(Application).where(Application.org == org)
+            if names is not None:
+                q = q.where(col(Application.name).in_(names))
+            apps = s.exec(q.order_by(col(Application.name))).all()
+            executors = s.exec(select(Executor).where(Executor.org == org)
+                               .order_by(col(Executor.created_at))).all()
+        by_app: dict[str, list[Executor]] = {}
+        for row in executors:
+            by_app.setdefault(row.app, []).append(row)
+        return [(app, by_app.get(app.name, [])) for app in apps]
+
+    def delete_app(self, org: str, name: str, *, subject: str, source_ip: str,
+                   orphans: list[str], details: dict[str, Any]) -> None:
+        """Delete the app's row (audited) and the registry rows of ``orphans``: executors whose lifecycle
+        workflow is gone, so nothing else will ever delete them."""
+        with Session(self.engine) as s:
+            app = s.exec(select(Application).where(Application.org == org, Application.name == name)).first()
+            if app is None:
+                raise NotFoundError(f"application {name!r} not found in org {org!r}")
+            s.delete(app)
+            for executor_id in orphans:
+                row = s.get(Executor, (org, name, executor_id))
+                if row is not None:
+                    s.delete(row)
+            s.add(AuditLog(org=org, app=name, operation="app.deleted", subject=subject, source_ip=source_ip,
+                           details=details))
+            s.commit()
+
+    def create_token(self, *, org: str, name: str, apps: list[str] | None, subject: str,
+                     source_ip: str) -> str:
+        """Create a named key (audited) and return it; only its hash is stored. 409 if the org already has a
+        live token of that name (``relay keys create`` labels are not unique, so this is checked here)."""
+        key = KEY_PREFIX + secrets.token_urlsafe(32)
+        with Session(self.engine) as s:
+            taken = s.exec(select(ApiKey.id).where(ApiKey.org == org, ApiKey.name == name,
+                                                   col(ApiKey.revoked_at).is_(None))).first()
+            if taken is not None:
+                raise ConflictError(f"org {org!r} already has a token named {name!r}")
+            s.add(ApiKey(org=org, name=name, key_hash=hash_key(key), apps=apps or None))
+            s.add(AuditLog(org=org, operation="token.created", subject=subject, source_ip=source_ip,
+                           details={"tokenName": name, "appNames": apps or None}))
+            s.commit()
+        return key
+
+    def list_tokens(self, org: str) -> tuple[list[ApiKey], dict[str, str]]:
+        """The org's live keys, oldest first, and its registered apps' ids by name."""
+        with Session(self.engine) as s:
+            keys = s.exec(select(ApiKey).where(ApiKey.org == org, col(ApiKey.revoked_at).is_(None))
+                          .order_by(col(ApiKey.created_at))).all()
+            apps = s.exec(select(Application.name, Application.id).where(Application.org == org)).all()
+        return list(keys), dict(apps)
+
+    def revoke_token(self, org: str, name: str, *, subject: str, source_ip: str) -> list[str]:
+        """Revoke every live key of the org with that name (audited); returns their ids. 404 if none."""
+        with Session(self.engine) as s:
+            keys = s.exec(select(ApiKey).where(ApiKey.org == org, ApiKey.name == name,
+                                               col(ApiKey.revoked_at).is_(None))).all()
+            if not keys:
+                raise NotFoundError(f"no token named {name!r} in org {org!r}")
+            now = utcnow()
+            for row in keys:
+                row.revoked_at = now
+                s.add(row)
+            s.add(AuditLog(org=org, operation="token.deleted", subject=subject, source_ip=source_ip,
+                           details={"tokenName": name, "keys": len(keys)}))
+            s.commit()
+            return [row.id for row in keys]
+
+    def revoked_key_ids(self, key_ids: set[str]) -> set[str]:
+        """Those of ``key_ids`` that no longer authenticate (revoked, or gone)."""
+        if not key_ids:
+            return set()
+        with Session(self.engine) as s:
+            live = s.exec(select(ApiKey.id).where(col(ApiKey.id).in_(key_ids),
+                                                  col(ApiKey.revoked_at).is_(None))).all()
+        return key_ids - set(live)
+
+    def app_ids(self, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
+        """The ids of those ``(org, app)`` that are registered."""
+        if not pairs:
+            return {}
+        orgs, names = {org for org, _ in pairs}, {name for _, name in pairs}
+        with Session(self.engine) as s:
+            rows = s.exec(select(Application.org, Application.name, Application.id).where(
+                col(Application.org).in_(orgs), col(Application.name).in_(names))).all()
+        return {(org, name): app_id for org, name, app_id in rows if (org, name) in pairs}
+
+    def query_audit(self, org: str, *, start: datetime | None = None, end: datetime | None = None,
+                    operation: str | None = None, subject: str | None = None, target: str | None = None,
+                    limit: int = 100, offset: int = 0) -> tuple[list[AuditLog], dict[str, str]]:
+        """Audit rows of the org, newest first, with the names of the keys that are their subjects.
+
+        ``start`` is inclusive and ``end`` exclusive. ``subject`` is ``system``, a key id or a key name;
+        ``target`` an app name, a token name or an executor id.
+        """
+        q = select(AuditLog).where(AuditLog.org == org)
+        if start is not None:
+            q = q.where(col(AuditLog.emit_time) >= start)
+        if end is not None:
+            q = q.where(col(AuditLog.emit_time) < end)
+        if operation is not None:
+            q = q.where(AuditLog.operation == operation)
+        with Session(self.engine) as s:
+            if subject is not None:
+                ids = {subject, *s.exec(select(ApiKey.id).where(ApiKey.org == org, ApiKey.name == subject)).all()}
+                stored = [subject_of_key(i) for i in ids] + [f"key:{subject}"]
+                q = q.where(col(AuditLog.subject).in_(stored + ([SYSTEM_SUBJECT] if subject == SYSTEM_SUBJECT else [])))
+            if target is not None:
+                token = and_(col(AuditLog.operation).in_(TOKEN_OPERATIONS),
+                             col(AuditLog.details)["tokenName"].as_string() == target)
+                q = q.where(or_(AuditLog.app == target, AuditLog.executor_id == target, token))
+            q = q.order_by(col(AuditLog.emit_time).desc(), col(AuditLog.id).desc()).offset(offset).limit(limit)
+            rows = list(s.exec(q).all())
+            key_ids = {r.subject.removeprefix(API_KEY_SUBJECT) for r in rows if r.subject.startswith(API_KEY_SUBJECT)}
+            names = dict(s.exec(select(ApiKey.id, ApiKey.name).where(col(ApiKey.id).in_(key_ids))).all())
+        return rows, names
+
 
 def _jsonable(value: Any) -> Any:
     if isinstance(value, timedelta):
         return value.total_seconds()
     return value
+
+
+# -- admin API (issue 3) -------------------------------------------------------------------------------------
+
+# Audit subjects are stored as "system" or "api_key:<key id>" (older rows: "key:<key name>").
+API_KEY_SUBJECT = "api_key:"
+SYSTEM_SUBJECT = "system"
+TOKEN_OPERATIONS = ("token.created", "token.deleted")
+
+
+def subject_of_key(key_id: str) -> str:
+    return API_KEY_SUBJECT + key_id
+
+
+def subject_of(principal: Principal) -> str:
+    """The audit subject for an action taken with this key."""
+    return subject_of_key(principal.key_id)

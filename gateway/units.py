@@ -14,8 +14,10 @@ def seconds_to_timedelta(seconds: float) -> timedelta:
 
 
 def timedelta_to_seconds(value: timedelta) -> int:
-    """Whole seconds, as ``executorTimeoutSecs`` is an integer on the REST edge."""
-    return int(value.total_seconds())
+    """Whole seconds, rounded down, as ``executorTimeoutSecs`` is an integer on the REST edge."""
+    # Integer division of timedeltas is exact; ``int(total_seconds())`` goes through a float, which rounds
+    # 86_399_999_999_999.999 s up to the next second, and truncates negatives toward zero unlike ``timedelta_to_ms``.
+    return value // timedelta(seconds=1)
 
 
 def ms_to_timedelta(ms: int) -> timedelta:

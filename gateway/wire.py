@@ -8,10 +8,12 @@ releases); a missing required field is a protocol error the caller logs and audi
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from gateway import units
 from gateway.errors import ProtocolError
 
 
@@ -42,18 +44,28 @@ class ExistPendingWorkflowsReply(_Reply):
     exist: bool
 
 
+class RetentionReply(_Reply):
+    """Python 3.x and TypeScript SDKs answer at once: ``success`` means the round started, not that it ended."""
+
+    type: Literal["retention"]
+    success: bool
+
+
 class OtherReply(_Reply):
     """Any other type: kept so its ``request_id`` can still complete a waiting request."""
 
     type: str
 
 
-Reply = Annotated[ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply, Field(discriminator="type")]
+Reply = Annotated[ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply | RetentionReply,
+                  Field(discriminator="type")]
 _known = TypeAdapter(Reply)
-KNOWN_TYPES = {"executor_info", "recovery", "exist_pending_workflows"}
+KNOWN_TYPES = {"executor_info", "recovery", "exist_pending_workflows", "retention"}
 
 
-def parse_reply(text: str | bytes) -> ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply | OtherReply:
+def parse_reply(
+    text: str | bytes,
+) -> ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply | RetentionReply | OtherReply:
     """Decode one executor frame. Raises ``ProtocolError`` with a short reason; never anything else."""
     try:
         data = json.loads(text)
@@ -82,3 +94,26 @@ def recovery_request(request_id: str, executor_ids: list[str]) -> str:
 def exist_pending_workflows_request(request_id: str, executor_id: str, application_version: str) -> str:
     return json.dumps({"type": "exist_pending_workflows", "request_id": request_id,
                        "executor_id": executor_id, "application_version": application_version})
+
+
+def retention_body(*, gc_cutoff: datetime | None, gc_rows_threshold: int | None, gc_batch_size: int | None,
+                   timeout_cutoff: datetime | None) -> dict[str, int | None]:
+    """The ``retention`` body: instants become epoch milliseconds here, and only here.
+
+    A non-positive ``gc_rows_threshold`` becomes null: the SDKs turn 0 into ``OFFSET -1``, an error on
+    PostgreSQL. A non-positive ``gc_batch_size`` becomes null too (the SDK then uses its own default) rather
+    than the ``ValueError`` the Python SDK raises for it.
+    """
+    return {
+        "gc_cutoff_epoch_ms": None if gc_cutoff is None else units.datetime_to_epoch_ms(gc_cutoff),
+        "gc_rows_threshold": gc_rows_threshold if gc_rows_threshold is not None and gc_rows_threshold > 0 else None,
+        "gc_batch_size": gc_batch_size if gc_batch_size is not None and gc_batch_size > 0 else None,
+        "timeout_cutoff_epoch_ms": None if timeout_cutoff is None else units.datetime_to_epoch_ms(timeout_cutoff),
+    }
+
+
+def retention_request(request_id: str, *, gc_cutoff: datetime | None, gc_rows_threshold: int | None,
+                      gc_batch_size: int | None, timeout_cutoff: datetime | None) -> str:
+    body = retention_body(gc_cutoff=gc_cutoff, gc_rows_threshold=gc_rows_threshold, gc_batch_size=gc_batch_size,
+                          timeout_cutoff=timeout_cutoff)
+    return json.dumps({"type": "retention", "request_id": request_id, "body": body})

@@ -21,7 +21,7 @@ from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
 from gateway.problems import relay_problem
 from gateway.runtime import Gateway
 from gateway.schemas import APP_PATTERN
-from gateway.store import hash_key
+from gateway.store import hash_key, subject_of
 from workflows.inputs import ConnectedSignal, ExecutorInfo
 
 log = logging.getLogger("relay.gateway")
@@ -54,7 +54,7 @@ async def executor_socket(websocket: WebSocket, app_name: str, key: str) -> None
         return
     try:
         await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name,
-                                subject=f"key:{principal.key_name}", source_ip=source_ip)
+                                subject=subject_of(principal), source_ip=source_ip)
         await websocket.accept()
         await _serve(gw, websocket, principal.org, app_name, source_ip, principal.key_id)
     finally:

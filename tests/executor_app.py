@@ -3,6 +3,9 @@
 Environment: RELAY_URL, RELAY_KEY, APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that
 each step appends "<pid> <step>" to), STEP_SECONDS, and START_WORKFLOW (a workflow id to start once the
 file START_WORKFLOW_WHEN exists).
+
+For retention tests: FINISHED_WORKFLOWS (comma-separated workflow ids run to completion at launch) and
+PENDING_WORKFLOWS (comma-separated workflow ids started at launch that wait, PENDING, for an hour).
 """
 
 from __future__ import annotations
@@ -36,12 +39,32 @@ def twenty_steps() -> int:
     return sum(step(i) for i in range(STEPS))
 
 
+@DBOS.workflow()
+def finishes() -> str:
+    return "done"
+
+
+@DBOS.workflow()
+def waits() -> None:
+    DBOS.sleep(3600)
+
+
+def _ids(name: str) -> list[str]:
+    return [i for i in os.environ.get(name, "").split(",") if i]
+
+
 if __name__ == "__main__":
     DBOS.launch()
+    from dbos import SetWorkflowID
+
+    for finished_id in _ids("FINISHED_WORKFLOWS"):
+        with SetWorkflowID(finished_id):
+            finishes()
+    for pending_id in _ids("PENDING_WORKFLOWS"):
+        with SetWorkflowID(pending_id):
+            DBOS.start_workflow(waits)
     workflow_id = os.environ.get("START_WORKFLOW")
     if workflow_id:
-        from dbos import SetWorkflowID
-
         while not os.path.exists(os.environ["START_WORKFLOW_WHEN"]):
             time.sleep(0.05)
         with SetWorkflowID(workflow_id):

@@ -118,7 +118,7 @@ def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> 
     process = Process([str(VENV_BIN / "relay"), "dev"], env=env, log=data_dir / log)
     url = f"http://127.0.0.1:{env['RELAY_PORT']}"
     try:
-        wait_until(lambda: _healthy(url), timeout=60, what="relay dev /healthz")
+        wait_until(lambda: healthy(url), timeout=60, what="relay dev /healthz")
     except AssertionError:
         process.stop()
         raise AssertionError(process.output()[-3000:]) from None
@@ -138,7 +138,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
         assert code == 0, started.process.output()[-3000:]
 
 
-def _healthy(url: str) -> bool:
+def healthy(url: str) -> bool:
     try:
         return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
     except httpx.HTTPError:
@@ -157,3 +157,15 @@ def play_executor(relay: Relay, app: str, executor_id: str, *, version: str = "v
                             "language": "python", "dbos_version": "3.2.0", "executor_metadata": metadata,
                             "error_message": None}))
         yield ws
+
+
+def start_temporal(data_dir: Path, *extra: str) -> tuple[Process, str]:
+    """A Temporal dev server on its own (as `relay dev` would start it, with Relay's search attributes), for
+    tests that run `relay worker` / `relay gateway` separately. Returns the process and its address."""
+    from gateway.devserver import command
+    from gateway.settings import Settings
+
+    port = free_port()
+    settings = Settings(data_dir=data_dir, temporal_port=port, temporal_ui_port=free_port())
+    process = Process([*command(settings), "--headless", *extra], env=os.environ, log=data_dir / "temporal.log")
+    return process, f"127.0.0.1:{port}"

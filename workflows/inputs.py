@@ -7,7 +7,7 @@ decode. Activity and task queue names are defined here, once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 SHARED_TASK_QUEUE = "relay"
@@ -33,6 +33,18 @@ class Activity:
     DELETE_EXECUTOR = "delete_executor"
     DISPATCH_RECOVERY = "dispatch_recovery"
     EXIST_PENDING_WORKFLOWS = "exist_pending_workflows"
+    # Retention (issue 6): database activities on the shared queue, dispatch on the executor's gateway queue.
+    LIST_RETENTION_TARGETS = "list_retention_targets"
+    SELECT_RETENTION_EXECUTOR = "select_retention_executor"
+    WRITE_RETENTION_AUDIT = "write_retention_audit"
+    DISPATCH_RETENTION = "dispatch_retention"
+    # Gateway watch: held on the gateway's own queue; the sweep runs on the shared queue once it is gone.
+    HOLD_GATEWAY = "hold_gateway"
+    DISCONNECT_GATEWAY_EXECUTORS = "disconnect_gateway_executors"
+
+
+def gateway_workflow_id(gateway_queue: str) -> str:
+    return f"relay-gateway/{gateway_queue}"
 
 
 def lifecycle_workflow_id(org: str, app: str, executor_id: str) -> str:
@@ -66,6 +78,14 @@ class DisconnectedSignal:
     connection_id: str
     signal_id: str
     reason: str = "closed"
+
+
+@dataclass
+class RemovedSignal:
+    """The executor's app was deleted (or the executor removed by an operator): end without recovery."""
+
+    signal_id: str
+    reason: str = "app deleted"
 
 
 @dataclass
@@ -183,3 +203,151 @@ class ExistPendingInput:
 class ExistPendingReply:
     exist: bool
     error_message: str | None = None
+
+
+# -- retention (issue 6) ---------------------------------------------------------------------------------------
+
+# The Temporal Schedule that runs a RetentionWorkflow every RELAY_RETENTION_INTERVAL_SECS. Its runs are named
+# ``relay-retention-<timestamp>`` by the schedule; each app's round is the child ``relay-retention/{org}/{app}``.
+RETENTION_SCHEDULE_ID = "relay-retention"
+
+
+def app_retention_workflow_id(org: str, app: str) -> str:
+    return f"{RETENTION_SCHEDULE_ID}/{org}/{app}"
+
+
+@dataclass
+class RetentionInput:
+    """The schedule's argument to every round; the worker rewrites it when the settings change."""
+
+    interval: timedelta = timedelta(seconds=300)
+    gc_batch_size: int = 10_000
+    # How long an executor has to answer ``retention`` (the recovery timeout setting).
+    reply_timeout: timedelta = timedelta(seconds=60)
+
+
+@dataclass
+class ListRetentionTargetsInput:
+    """Every org's apps (the schedule is global); a field here can narrow it later."""
+
+    org: str | None = None
+
+
+@dataclass
+class RetentionTarget:
+    """An app with at least one retention setting, and when its last round was started (None: never)."""
+
+    org: str
+    app: str
+    gc_time_threshold: timedelta | None = None
+    gc_rows_threshold: int | None = None
+    global_timeout: timedelta | None = None
+    last_started_at: datetime | None = None
+
+
+@dataclass
+class RetentionCutoffs:
+    """What one ``retention`` message carries, as instants; the wire layer turns them into epoch milliseconds."""
+
+    gc_cutoff: datetime | None
+    gc_rows_threshold: int | None
+    gc_batch_size: int | None
+    timeout_cutoff: datetime | None
+
+
+@dataclass
+class AppRetentionInput:
+    target: RetentionTarget
+    interval: timedelta = timedelta(seconds=300)
+    gc_batch_size: int = 10_000
+    reply_timeout: timedelta = timedelta(seconds=60)
+
+
+@dataclass
+class AppRetentionResult:
+    """``SUCCEEDED`` (an executor started the round), ``SKIPPED`` (audited, with the reason) or ``NOTHING_SET``."""
+
+    outcome: str
+    executor_id: str | None = None
+    attempts: int = 0
+    reason: str | None = None
+
+
+@dataclass
+class RetentionRoundResult:
+    started: list[str] = field(default_factory=list)  # "org/app" of each child started
+    still_running: list[str] = field(default_factory=list)  # skipped: the previous round of that app runs on
+
+
+@dataclass
+class SelectRetentionExecutorInput:
+    org: str
+    app: str
+    exclude: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WriteRetentionAuditInput:
+    """An audit row for one app's round, at most once per event_key.
+
+    ``cutoffs`` are written as sent on the wire (epoch ms) next to the settings they came from and the round's
+    clock, so an operator can check the units by eye. ``started_at`` set: also record that a round started then.
+    """
+
+    org: str
+    app: str
+    operation: str
+    event_key: str
+    clock: datetime
+    status: str = "success"
+    executor_id: str | None = None
+    target: RetentionTarget | None = None
+    cutoffs: RetentionCutoffs | None = None
+    started_at: datetime | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DispatchRetentionInput:
+    """Send ``retention`` to ``executor_id`` (through the gateway holding its socket)."""
+
+    executor_id: str
+    request_id: str
+    cutoffs: RetentionCutoffs
+    timeout: timedelta = timedelta(seconds=60)
+
+
+@dataclass
+class RetentionReply:
+    success: bool
+    error_message: str | None = None
+
+
+# -- gateway watch -------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GatewayInput:
+    """Watch one gateway process. A gateway that dies sends no ``disconnected``: this workflow notices for it."""
+
+    gateway_queue: str
+    heartbeat_timeout: timedelta = timedelta(seconds=10)
+    # Each hold lasts this long, then the run continues as new (bounded history for a gateway up for months).
+    hold_for: timedelta = timedelta(hours=6)
+
+
+@dataclass
+class HoldGatewayInput:
+    heartbeat_interval: timedelta
+    hold_for: timedelta
+
+
+@dataclass
+class DisconnectGatewayInput:
+    gateway_queue: str
+    reason: str = "gateway gone"
+
+
+@dataclass
+class DisconnectGatewayResult:
+    signalled: int

@@ -1,0 +1,80 @@
+"""Database activities of the retention rounds, run by the worker on the shared task queue.
+
+The socket-bound one (``dispatch_retention``) is in ``activities.dispatch``, with the other requests to executors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+
+from gateway import units, wire
+from gateway.store import Store
+from workflows.inputs import (
+    Activity,
+    Candidate,
+    ListRetentionTargetsInput,
+    RetentionTarget,
+    SelectRetentionExecutorInput,
+    WriteRetentionAuditInput,
+)
+
+
+class RetentionActivities:
+    """Bound to one ``Store``; registered with the worker as bound methods."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    @activity.defn(name=Activity.LIST_RETENTION_TARGETS)
+    async def list_retention_targets(self, input: ListRetentionTargetsInput) -> list[RetentionTarget]:
+        rows = await asyncio.to_thread(self._store.list_retention_targets, input.org)
+        return [
+            RetentionTarget(app.org, app.name, gc_time_threshold=app.gc_time_threshold,
+                            gc_rows_threshold=app.gc_rows_threshold, global_timeout=app.global_timeout,
+                            last_started_at=last)
+            for app, last in rows
+        ]
+
+    @activity.defn(name=Activity.SELECT_RETENTION_EXECUTOR)
+    async def select_retention_executor(self, input: SelectRetentionExecutorInput) -> Candidate | None:
+        found = await asyncio.to_thread(
+            self._store.select_retention_executor, org=input.org, app=input.app, exclude=input.exclude,
+        )
+        return None if found is None else Candidate(*found)
+
+    @activity.defn(name=Activity.WRITE_RETENTION_AUDIT)
+    async def write_retention_audit(self, input: WriteRetentionAuditInput) -> None:
+        await asyncio.to_thread(
+            self._store.write_retention_audit,
+            org=input.org, app=input.app, operation=input.operation, event_key=input.event_key,
+            status=input.status, executor_id=input.executor_id, details=audit_details(input),
+            started_at=input.started_at, request_id=input.details.get("request_id"),
+        )
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.list_retention_targets, self.select_retention_executor, self.write_retention_audit]
+
+
+def audit_details(input: WriteRetentionAuditInput) -> dict[str, Any]:
+    """The audit row's details: the body exactly as the wire carries it (epoch ms, from the same function that
+    builds the frame), next to the round's clock and the settings it came from, so units can be checked by eye:
+    ``clock_epoch_ms - gcTimeThresholdMs == body.gc_cutoff_epoch_ms``."""
+    details: dict[str, Any] = {
+        "clock": input.clock.isoformat(), "clock_epoch_ms": units.datetime_to_epoch_ms(input.clock), **input.details,
+    }
+    if input.target is not None:
+        t = input.target
+        details["settings"] = {
+            "gcTimeThresholdMs": units.optional_timedelta_to_ms(t.gc_time_threshold),
+            "gcRowsThreshold": t.gc_rows_threshold,
+            "globalTimeoutMs": units.optional_timedelta_to_ms(t.global_timeout),
+        }
+    if input.cutoffs is not None:
+        c = input.cutoffs
+        details["body"] = wire.retention_body(gc_cutoff=c.gc_cutoff, gc_rows_threshold=c.gc_rows_threshold,
+                                              gc_batch_size=c.gc_batch_size, timeout_cutoff=c.timeout_cutoff)
+    return details

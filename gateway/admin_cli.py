@@ -1,0 +1,401 @@
+"""The admin half of the ``relay`` command: ``apps``, ``executors``, ``audit`` and ``keys``, over the REST API.
+
+Every command is a thin client of ``/v2/orgs/{org}/...`` (the upstream Conductor paths and field names), so the
+CLI can do what the API can, with the API's checks and audit trail. One exception bootstraps the first key: with
+no API key at all, ``keys create|list|revoke`` work on the local database.
+
+App settings take dbos-ctl's flags in REST units (``--executor-timeout-secs 90``) or human durations
+(``--executor-timeout 90s``). Either way the value is a ``timedelta`` from the moment it is parsed, and leaves as
+seconds or milliseconds only through ``gateway.units``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import httpx
+
+from gateway import admin_tables as tables
+from gateway import units
+from gateway.admin_tables import DURATION_UNITS, Json
+from gateway.errors import RelayError
+from gateway.models import make_engine, utcnow
+from gateway.settings import Settings
+from gateway.store import Store
+
+DEFAULT_ORG = "local"
+_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
+# Audit rows are stamped by their writer (gateway or worker) before they commit, so one may appear after a
+# later-stamped one was already read: --follow re-reads this far back and skips the ids it has printed.
+FOLLOW_OVERLAP = timedelta(seconds=30)
+AUDIT_PAGE = 100
+Handler = Callable[[argparse.Namespace, Settings], None]
+
+# -- parsing ---------------------------------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``15m``, ``12h``, ``7d``, ``500ms`` or a sequence of them (``1h30m``); whole numbers only."""
+    s = text.strip().lower()
+    parts = _DURATION.findall(s)
+    if not s or "".join(n + u for n, u in parts) != s:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 90s, 15m, 12h, 7d, 500ms)")
+    try:
+        return sum((timedelta(**{DURATION_UNITS[u]: int(n)}) for n, u in parts), timedelta())
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"duration {text!r} is too large") from None
+
+
+def _integer(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def _secs(text: str) -> timedelta:
+    return units.seconds_to_timedelta(_integer(text))
+
+
+def _ms(text: str) -> timedelta:
+    return units.ms_to_timedelta(_integer(text))
+
+
+def _whole_seconds(text: str) -> timedelta:
+    value = parse_duration(text)
+    if units.seconds_to_timedelta(units.timedelta_to_seconds(value)) != value:
+        raise argparse.ArgumentTypeError(f"{text!r}: executorTimeoutSecs takes whole seconds")
+    return value
+
+
+def _or_clear(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Accept ``none`` too: the explicit null that clears a retention setting (a Relay extension)."""
+    return lambda text: None if text.strip().lower() in ("none", "null") else parse(text)
+
+
+def _instant(text: str) -> datetime:
+    """An ISO 8601 instant with its zone, or a duration meaning that long ago (``1h``)."""
+    try:
+        return utcnow() - parse_duration(text)
+    except argparse.ArgumentTypeError:
+        pass
+    try:
+        value = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an ISO 8601 time or a duration: {text!r}") from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +00:00)")
+    return value
+
+
+def settings_body(args: argparse.Namespace) -> dict[str, Json]:
+    """The ``PatchAppInputBody`` for the setting flags given; flags not given are absent, so unchanged."""
+    given, body = vars(args), dict[str, Json]()
+    if "executor_timeout" in given:
+        body["executorTimeoutSecs"] = units.timedelta_to_seconds(args.executor_timeout)
+    if "gc_time_threshold" in given:
+        body["gcTimeThresholdMs"] = units.optional_timedelta_to_ms(args.gc_time_threshold)
+    if "gc_rows_threshold" in given:
+        body["gcRowsThreshold"] = args.gc_rows_threshold
+    if "global_timeout" in given:
+        body["globalTimeoutMs"] = units.optional_timedelta_to_ms(args.global_timeout)
+    if "private_mode" in given:
+        body["privateMode"] = args.private_mode
+    return body
+
+
+# -- the REST client -------------------------------------------------------------------------------------------
+
+
+def fail(message: str) -> NoReturn:
+    raise SystemExit(f"relay: {message}")  # printed on stderr, exit status 1
+
+
+def problem_message(response: httpx.Response) -> str:
+    """The problem+json ``detail`` and each of its ``errors``; the status line for any other body."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict) or not body.get("detail"):
+        return f"HTTP {response.status_code} {response.reason_phrase}"
+    errors = [e for e in body.get("errors") or [] if isinstance(e, dict)]
+    return "\n".join([str(body["detail"]), *(f"  {e.get('location', '?')}: {e.get('message', '')}"
+                                             f" (got {json.dumps(e.get('value'))})" for e in errors)])
+
+
+def api_key(args: argparse.Namespace) -> str | None:
+    return getattr(args, "api_key", None) or os.environ.get("RELAY_API_KEY") or None
+
+
+class Api:
+    """The REST API of one org, called with one key."""
+
+    def __init__(self, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
+        self.url, self.org = url.rstrip("/"), org
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Bearer {key}"})
+
+    def call(self, method: str, path: str, *, body: Json = None, params: dict[str, Any] | None = None) -> Json:
+        try:
+            response = self._client.request(method, f"/v2/orgs/{quote(self.org, safe='')}{path}",
+                                            json=body, params=params)
+        except httpx.HTTPError as err:
+            fail(f"cannot reach Relay at {self.url}: {err}")
+        if response.is_error:
+            fail(problem_message(response))
+        return response.json() if response.content else None
+
+
+def _api(args: argparse.Namespace, settings: Settings) -> Api:
+    key = api_key(args)
+    if key is None:
+        fail("no API key: set RELAY_API_KEY or pass --api-key")
+    host = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host  # a bind-all address
+    return Api(args.url or f"http://{f'[{host}]' if ':' in host else host}:{settings.port}", key, args.org)
+
+
+def _name(value: str) -> str:
+    return "/" + quote(value, safe="")
+
+
+def _emit(args: argparse.Namespace, data: Json, render: Callable[[Json], str]) -> None:
+    print(json.dumps(data, indent=2) if args.output == "json" else render(data), flush=True)
+
+
+# -- commands --------------------------------------------------------------------------------------------------
+
+
+def _apps_list(args: argparse.Namespace, settings: Settings) -> None:
+    _emit(args, _api(args, settings).call("GET", "/apps"), tables.apps_table)
+
+
+def _apps_get(args: argparse.Namespace, settings: Settings) -> None:
+    _emit(args, _api(args, settings).call("GET", "/apps" + _name(args.name)), tables.app_card)
+
+
+def _apps_register(args: argparse.Namespace, settings: Settings) -> None:
+    api, path, body = _api(args, settings), "/apps" + _name(args.name), settings_body(args)
+    api.call("PUT", path, body={"privateMode": body.pop("privateMode")} if "privateMode" in body else None)
+    if body:
+        api.call("PATCH", path, body=body)
+    _emit(args, api.call("GET", path), tables.app_card)
+
+
+def _apps_update(args: argparse.Namespace, settings: Settings) -> None:
+    if not (body := settings_body(args)):
+        fail("nothing to change: give at least one setting (see relay apps update --help)")
+    api, path = _api(args, settings), "/apps" + _name(args.name)
+    api.call("PATCH", path, body=body)
+    _emit(args, api.call("GET", path), tables.app_card)
+
+
+def _apps_delete(args: argparse.Namespace, settings: Settings) -> None:
+    _api(args, settings).call("DELETE", "/apps" + _name(args.name))
+    if args.output == "table":
+        print(f"deleted {args.name}")
+
+
+def _executors_list(args: argparse.Namespace, settings: Settings) -> None:
+    _emit(args, _api(args, settings).call("GET", f"/apps{_name(args.app)}/executors"), tables.executors_table)
+
+
+def _iso(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _emit_time(entry: dict[str, Json]) -> datetime:
+    value = datetime.fromisoformat(entry["emitTime"])
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def _audit(args: argparse.Namespace, settings: Settings) -> None:
+    if args.follow and args.end_time:
+        fail("--follow and --end-time do not go together")
+    api = _api(args, settings)
+    filters = {k: v for k, v in [("operation", args.operation), ("subject", args.subject), ("target", args.target),
+                                 ("startTime", args.start_time and _iso(args.start_time)),
+                                 ("endTime", args.end_time and _iso(args.end_time))] if v}
+    limit = 20 if args.follow and args.limit is None else args.limit
+    page = {k: v for k, v in [("limit", limit), ("offset", args.offset)] if v is not None}
+    entries = api.call("GET", "/audit-logs", params={**filters, **page})
+    if not args.follow:
+        return _emit(args, entries, tables.audit_table)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
+        _follow(api, filters, entries, json_lines=args.output == "json", interval=args.interval,
+                floor=args.start_time)
+
+
+def _follow(api: Api, filters: dict[str, Any], initial: list[dict[str, Json]], *, json_lines: bool,
+            interval: timedelta, floor: datetime | None) -> None:
+    """Print ``initial`` (given newest first) oldest first, then every entry that appears, until interrupted."""
+    seen: dict[str, datetime] = {}
+
+    def show(entry: dict[str, Json]) -> None:
+        print(json.dumps(entry) if json_lines else tables.audit_line(entry), flush=True)
+        seen[entry["id"]] = _emit_time(entry)
+
+    def window() -> dict[str, Any]:
+        if not seen:
+            return filters
+        start = max([max(seen.values()) - FOLLOW_OVERLAP, *([floor] if floor else [])])
+        for old in [k for k, t in seen.items() if t < start]:  # never returned again: bounded memory
+            del seen[old]
+        return {**filters, "startTime": _iso(start)}
+
+    if not json_lines:
+        print(tables.audit_line(None), flush=True)
+    for entry in initial[::-1]:
+        show(entry)
+    if seen:  # entries in the overlap window beyond the initial limit are old news, not new ones
+        seen.update((e["id"], _emit_time(e)) for e in _audit_pages(api, window()))
+    while True:
+        time.sleep(interval.total_seconds())
+        for entry in sorted((e for e in _audit_pages(api, window()) if e["id"] not in seen), key=_emit_time):
+            show(entry)
+
+
+def _audit_pages(api: Api, filters: dict[str, Any]) -> Iterator[dict[str, Json]]:
+    # Entries added while paging push older ones to higher offsets: a page may repeat one, never skip one.
+    for offset in range(0, 1 << 62, AUDIT_PAGE):
+        entries = api.call("GET", "/audit-logs", params={**filters, "limit": AUDIT_PAGE, "offset": offset})
+        yield from entries
+        if len(entries) < AUDIT_PAGE:
+            return
+
+
+def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
+    body = {"appNames": args.app} if args.app else {}
+    _emit(args, _api(args, settings).call("POST", "/tokens" + _name(args.name), body=body), lambda c: c["token"])
+
+
+def _keys_list(args: argparse.Namespace, settings: Settings) -> None:
+    tokens = _api(args, settings).call("GET", "/tokens") if api_key(args) else _local_tokens(settings, args.org)
+    _emit(args, tokens, tables.tokens_table)
+
+
+def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
+    if api_key(args):
+        _api(args, settings).call("DELETE", "/tokens" + _name(args.name))
+    else:
+        _local_revoke(settings, args.org, args.name)
+    if args.output == "table":
+        print(f"revoked {args.name}")
+
+
+# -- the local database, for bootstrapping (no API key yet) ---------------------------------------------------
+
+
+def _local_store(settings: Settings) -> Store:
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return Store(make_engine(settings.db_url))
+
+
+def _local_tokens(settings: Settings, org: str) -> list[dict[str, Json]]:
+    """The org's live keys in the ``Token`` shape ``listTokens`` answers with, so both paths print alike."""
+    store = _local_store(settings)
+    keys, app_ids = store.list_tokens(org)
+    store.engine.dispose()
+    return [{"tokenName": k.name, "createdAt": k.created_at.isoformat(), "permissions": [],
+             "appIds": [app_ids[a] for a in k.apps or [] if a in app_ids], "appNames": k.apps} for k in keys]
+
+
+def _local_revoke(settings: Settings, org: str, name: str) -> None:
+    """The gateways' revocation watch closes the sockets that used the key, as after ``deleteToken``."""
+    store = _local_store(settings)
+    try:
+        store.revoke_token(org, name, subject="system", source_ip="")
+    except RelayError as err:
+        fail(err.detail)
+    finally:
+        store.engine.dispose()
+
+
+# -- the parser ------------------------------------------------------------------------------------------------
+
+
+def _client_options(p: argparse.ArgumentParser, *, org: bool = True) -> None:
+    p.add_argument("--url", help="Relay's REST API (default: http://$RELAY_HOST:$RELAY_PORT)")
+    p.add_argument("--api-key", help="API key (default: $RELAY_API_KEY)")
+    if org:
+        p.add_argument("--org", default=DEFAULT_ORG)
+    p.add_argument("--output", "-o", choices=("table", "json"), default="table")
+
+
+def _setting_options(p: argparse.ArgumentParser) -> None:
+    """dbos-ctl's flags in REST units, or the same setting as a duration; ``none`` clears a retention one."""
+    def pair(flag: str, unit: str, meaning: str) -> None:
+        in_unit, human = (_secs, _whole_seconds) if unit == "secs" else (_or_clear(_ms), _or_clear(parse_duration))
+        group, dest = p.add_mutually_exclusive_group(), flag.replace("-", "_")
+        group.add_argument(f"--{flag}-{unit}", dest=dest, type=in_unit, default=argparse.SUPPRESS,
+                           metavar=unit.upper(), help=f"{meaning}, in {'seconds' if unit == 'secs' else 'ms'}")
+        group.add_argument(f"--{flag}", dest=dest, type=human, default=argparse.SUPPRESS, metavar="DURATION",
+                           help="the same as a duration: 90s, 15m, 12h, 7d, 500ms")
+
+    pair("executor-timeout", "secs", "grace between DISCONNECTED and DEAD")
+    pair("gc-time-threshold", "ms", "garbage-collect workflows older than this (none: never)")
+    p.add_argument("--gc-rows-threshold", type=_or_clear(_integer), default=argparse.SUPPRESS, metavar="ROWS",
+                   help="keep at most this many workflows (none: no limit)")
+    pair("global-timeout", "ms", "cancel workflows older than this (none: never)")
+    p.add_argument("--private-mode", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+
+
+def add_commands(sub: Any, keys: Any) -> None:
+    """Add ``apps``, ``executors`` and ``audit`` to ``sub``, ``list`` and ``revoke`` to ``keys``, and the client
+    options to ``keys create`` (which goes through the API when it has a key)."""
+    def command(parent: Any, name: str, handler: Handler, help: str, *positional: str) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = parent.add_parser(name, help=help)
+        p.set_defaults(admin=handler)
+        _client_options(p)
+        for arg in positional:
+            p.add_argument(arg)
+        return p
+
+    apps = sub.add_parser("apps", help="applications").add_subparsers(dest="apps_command", required=True)
+    command(apps, "list", _apps_list, "list applications")
+    command(apps, "get", _apps_get, "show one application", "name")
+    _setting_options(command(apps, "register", _apps_register, "register an application, settings optional", "name"))
+    _setting_options(command(apps, "update", _apps_update, "change an application's settings", "name"))
+    command(apps, "delete", _apps_delete, "delete an application", "name")
+    executors = sub.add_parser("executors", help="executors")
+    command(executors.add_subparsers(dest="executors_command", required=True), "list", _executors_list,
+            "list an application's executors", "app")
+
+    audit = command(sub, "audit", _audit, "the audit log, oldest first; --follow prints new entries until Ctrl-C")
+    audit.add_argument("--follow", "-f", action="store_true")
+    audit.add_argument("--interval", type=parse_duration, default=timedelta(seconds=2), metavar="DURATION",
+                       help="how often --follow polls (default 2s)")
+    audit.add_argument("--start-time", type=_instant, help="an ISO 8601 time, or a duration: 1h is an hour ago")
+    audit.add_argument("--end-time", type=_instant)
+    for name in ("operation", "subject", "target"):
+        audit.add_argument(f"--{name}")
+    audit.add_argument("--limit", type=int)
+    audit.add_argument("--offset", type=int)
+
+    create = keys.choices["create"]
+    create.set_defaults(admin=_keys_create)
+    create.epilog = "With an API key this calls createToken; with none, it writes to the local database."
+    _client_options(create, org=False)
+    command(keys, "list", _keys_list, "list keys (never their secrets)")
+    command(keys, "revoke", _keys_revoke, "revoke a key by name", "name")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> None:
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # its INFO line per request is noise on a terminal
+    try:
+        args.admin(args, settings)
+    except BrokenPipeError:
+        # The reader went away (``relay audit -o json | head``): stop quietly, as Unix tools do. Python's
+        # recipe: point stdout at devnull so the flush at interpreter exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None

@@ -1,0 +1,89 @@
+"""REST route for the audit log (upstream listAuditLogs). Needs an org-wide key."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
+
+from gateway.api_common import AdminPrincipal, OrgName, StoreDep
+from gateway.models import AuditLog
+from gateway.problems import responses
+from gateway.schemas import (
+    FILTER_MAX,
+    MAX_JSON_INT,
+    PRINTABLE_PATTERN,
+    AuditLogEntry,
+    AuditSubject,
+    AuditTarget,
+    UTCTime,
+    extended,
+)
+from gateway.store import API_KEY_SUBJECT, TOKEN_OPERATIONS
+
+router = APIRouter(tags=["Audit"])
+
+DEFAULT_LIMIT = 100
+MAX_LIMIT = 1000
+OptionalTime = UTCTime | None
+OptionalStr = str | None
+SYSTEM = AuditSubject(type="system", id="system", display="Relay")
+
+
+def text_filter(*, description: str) -> Any:
+    """A text filter: 1-FILTER_MAX characters, no control characters."""
+    return Query(description=description, min_length=1, max_length=FILTER_MAX, pattern=PRINTABLE_PATTERN,
+                 json_schema_extra=extended(f"1-{FILTER_MAX} characters, no control characters"))
+
+
+@router.get("/audit-logs", operation_id="listAuditLogs", summary="List audit logs",
+            responses=responses(401, 403, 404, 422))
+async def list_audit_logs(
+    orgName: OrgName,
+    _p: AdminPrincipal,
+    store: StoreDep,
+    startTime: Annotated[OptionalTime, Query(description="entries at or after this instant")] = None,
+    endTime: Annotated[OptionalTime, Query(description="entries before this instant")] = None,
+    operation: Annotated[OptionalStr, text_filter(description="exact operation, e.g. app.updated")] = None,
+    subject: Annotated[OptionalStr, text_filter(description="`system`, or a key's id or name")] = None,
+    target: Annotated[OptionalStr, text_filter(description="an app name, a token name or an executor id")] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT, json_schema_extra=extended(
+        f"1-{MAX_LIMIT}, default {DEFAULT_LIMIT}"))] = DEFAULT_LIMIT,
+    offset: Annotated[int, Query(ge=0, le=MAX_JSON_INT)] = 0,
+) -> list[AuditLogEntry]:
+    """Newest first. Relay's own actions (executor lifecycle, recovery, retention) have subject type ``system``
+    (a Relay extension); entries about an executor target its application and name it in
+    ``details.executorId``."""
+    rows, key_names = await run_in_threadpool(lambda: store.query_audit(
+        orgName, start=startTime, end=endTime, operation=operation, subject=subject, target=target,
+        limit=limit, offset=offset))
+    return [_entry(row, key_names) for row in rows]
+
+
+def _entry(row: AuditLog, key_names: dict[str, str]) -> AuditLogEntry:
+    details: dict[str, Any] | None = row.details
+    if row.executor_id is not None:
+        details = {**(details or {}), "executorId": row.executor_id}
+    return AuditLogEntry(id=row.id, emitTime=row.emit_time, operation=row.operation,
+                         status="success" if row.status == "success" else "failure",
+                         subject=_subject(row.subject, key_names), target=_target(row), sourceIp=row.source_ip,
+                         details=details)
+
+
+def _subject(stored: str, key_names: dict[str, str]) -> AuditSubject:
+    if stored.startswith(API_KEY_SUBJECT):
+        key_id = stored.removeprefix(API_KEY_SUBJECT)
+        return AuditSubject(type="api_key", id=key_id, display=key_names.get(key_id, key_id))
+    if stored.startswith("key:"):  # rows written before subjects carried the key id
+        name = stored.removeprefix("key:")
+        return AuditSubject(type="api_key", id=name, display=name)
+    return SYSTEM
+
+
+def _target(row: AuditLog) -> AuditTarget:
+    if row.operation in TOKEN_OPERATIONS and row.details and isinstance(row.details.get("tokenName"), str):
+        return AuditTarget(type="token", id=row.details["tokenName"])
+    if row.app is not None:
+        return AuditTarget(type="application", id=row.app)
+    return AuditTarget(type="organization", id=row.org)

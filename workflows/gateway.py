@@ -1,0 +1,51 @@
+"""The gateway watch workflow, one per gateway process (id ``relay-gateway/{queue}``).
+
+A gateway that dies (SIGKILL, lost host) never sends ``disconnected`` for the executors it held. This workflow
+keeps a heartbeating activity running on the gateway's own task queue; when its heartbeats stop, Temporal fails
+the activity at the heartbeat timeout, and the workflow disconnects every executor the registry still places
+on that gateway — at that moment, so their grace periods start.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.inputs import (
+        Activity,
+        DisconnectGatewayInput,
+        DisconnectGatewayResult,
+        GatewayInput,
+        HoldGatewayInput,
+    )
+
+
+@workflow.defn
+class GatewayWorkflow:
+    @workflow.run
+    async def run(self, input: GatewayInput) -> DisconnectGatewayResult:
+        try:
+            await workflow.execute_activity(
+                Activity.HOLD_GATEWAY,
+                HoldGatewayInput(heartbeat_interval=input.heartbeat_timeout / 4, hold_for=input.hold_for),
+                task_queue=input.gateway_queue,
+                # A gateway that is already gone never picks the hold up: that too must count as gone.
+                schedule_to_start_timeout=input.heartbeat_timeout,
+                start_to_close_timeout=input.hold_for + input.heartbeat_timeout,
+                heartbeat_timeout=input.heartbeat_timeout,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=f"hold {input.gateway_queue}",
+            )
+        except ActivityError as err:
+            reason = f"gateway gone: {err.cause or err}"
+            result: DisconnectGatewayResult = await workflow.execute_activity(
+                Activity.DISCONNECT_GATEWAY_EXECUTORS,
+                DisconnectGatewayInput(input.gateway_queue, reason=reason),
+                result_type=DisconnectGatewayResult,
+                start_to_close_timeout=input.heartbeat_timeout * 6,
+                summary="disconnect the executors it held",
+            )
+            return result
+        workflow.continue_as_new(input)
