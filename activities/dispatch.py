@@ -50,7 +50,8 @@ class HubActivities:
     async def _request(self, executor_id: str, request_id: str, frame: str,
                        input: DispatchRecoveryInput | ExistPendingInput | DispatchRetentionInput) -> Reply:
         try:
-            return await self._hub.get(executor_id).request(request_id, frame, timeout=input.timeout)
+            return await self._hub.get(input.org, input.app, executor_id).request(request_id, frame,
+                                                                                timeout=input.timeout)
         except RelayError as err:
             # The workflow picks another peer; retrying here against the same socket would not help.
             raise ApplicationError(err.detail, type=type(err).__name__, non_retryable=True) from None

@@ -12,7 +12,7 @@ from temporalio import activity
 from temporalio.service import RPCError, RPCStatusCode
 
 from gateway.errors import NotFoundError
-from gateway.models import DEFAULT_EXECUTOR_TIMEOUT, ExecutorStatus
+from gateway.models import ExecutorStatus
 from gateway.store import Store
 from workflows.inputs import (
     Activity,
@@ -46,11 +46,12 @@ class RegistryActivities:
         )
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
-    async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta:
+    async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
+        """The app's grace, read when a grace starts; None when the app no longer exists."""
         try:
             app = await asyncio.to_thread(self._store.get_app, input.org, input.app)
         except NotFoundError:
-            return DEFAULT_EXECUTOR_TIMEOUT
+            return None
         return app.executor_timeout
 
     @activity.defn(name=Activity.SELECT_CANDIDATE)

@@ -31,7 +31,7 @@ class RetentionActivities:
 
     @activity.defn(name=Activity.LIST_RETENTION_TARGETS)
     async def list_retention_targets(self, input: ListRetentionTargetsInput) -> list[RetentionTarget]:
-        rows = await asyncio.to_thread(self._store.list_retention_targets, input.org)
+        rows = await asyncio.to_thread(self._store.list_retention_targets, input.org, input.app)
         return [
             RetentionTarget(app.org, app.name, gc_time_threshold=app.gc_time_threshold,
                             gc_rows_threshold=app.gc_rows_threshold, global_timeout=app.global_timeout,

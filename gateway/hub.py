@@ -60,26 +60,31 @@ class Connection:
         await self._close(code, reason)
 
 
+ConnectionKey = tuple[str, str, str]  # org, app, executor id: ids are chosen by executors, so never alone
+
+
 class Hub:
     def __init__(self) -> None:
-        self._connections: dict[str, Connection] = {}
+        self._connections: dict[ConnectionKey, Connection] = {}
 
     def __len__(self) -> int:
         return len(self._connections)
 
     def attach(self, conn: Connection) -> Connection | None:
         """Make ``conn`` the executor's current connection; returns the one it supersedes, if any."""
-        old = self._connections.get(conn.executor_id)
-        self._connections[conn.executor_id] = conn
+        key = (conn.org, conn.app, conn.executor_id)
+        old = self._connections.get(key)
+        self._connections[key] = conn
         return old
 
     def detach(self, conn: Connection) -> None:
-        if self._connections.get(conn.executor_id) is conn:
-            del self._connections[conn.executor_id]
+        key = (conn.org, conn.app, conn.executor_id)
+        if self._connections.get(key) is conn:
+            del self._connections[key]
         conn.lost()
 
-    def get(self, executor_id: str) -> Connection:
-        conn = self._connections.get(executor_id)
+    def get(self, org: str, app: str, executor_id: str) -> Connection:
+        conn = self._connections.get((org, app, executor_id))
         if conn is None:
             raise ExecutorUnavailableError(f"executor {executor_id} is not connected to this gateway")
         return conn

@@ -54,3 +54,6 @@ async def assert_eventually(
 
 
 # -- end of the time-skipping section ------------------------------------------------------------------------
+
+
+from tests.support import relay  # noqa: E402, F401 — `relay dev` on free ports, one per test session

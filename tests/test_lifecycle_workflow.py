@@ -1,265 +1,78 @@
 """ExecutorLifecycleWorkflow on the time-skipping test server, with fake activities under the real names.
 
-The fakes record every call (input, attempt, task queue, virtual scheduled time). Database activities run on the
-test's shared queue; ``dispatch_recovery`` and ``exist_pending_workflows`` run on each candidate's own gateway
-queue, as they do in production, so a call landing on the wrong queue is never answered.
+Database activities run on the test's queue; ``dispatch_recovery`` and ``exist_pending_workflows`` run on each
+candidate's own gateway queue, as they do in production, so a call landing on the wrong queue is never answered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from typing import Generic, TypeVar
+from datetime import timedelta
 
 import pytest
-from temporalio import activity
-from temporalio.api.enums.v1 import EventType
-from temporalio.client import WorkflowHandle
-from temporalio.exceptions import ApplicationError
-from temporalio.service import RPCError
+from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.conftest import assert_eventually
+from tests.lifecycle_fakes import (
+    APP,
+    DEAD,
+    DISCONNECTED,
+    GRACE,
+    HEALTHY,
+    ORG,
+    RECONNECTED,
+    RECOVERY_TIMEOUT,
+    SUPERSEDED,
+    VERSION,
+    FakeRelay,
+    Relay,
+    keyed,
+)
+from workflows import lifecycle
 from workflows.inputs import (
-    Activity,
-    Candidate,
-    ConnectedSignal,
-    DeleteExecutorInput,
     DisconnectedSignal,
-    DispatchRecoveryInput,
-    ExecutorInfo,
-    ExistPendingInput,
     ExistPendingReply,
     GetExecutorTimeoutInput,
-    LifecycleInput,
     LifecycleResult,
     LifecycleState,
-    RecordStatusInput,
     RecoveryReply,
     SelectCandidateInput,
-    WriteAuditInput,
-    lifecycle_workflow_id,
 )
 from workflows.lifecycle import BACKOFF_INITIAL, ExecutorLifecycleWorkflow
 
-ORG, APP, VERSION = "acme", "shop", "v-42"
-GRACE = timedelta(seconds=45)  # not the 60 s default, so a test notices a workflow that ignores the app's value
-RECOVERY_TIMEOUT = timedelta(seconds=20)
-PEERS = ("peer-a", "peer-b")
-RESULT_WALL_TIMEOUT = timedelta(seconds=15)
-
-T = TypeVar("T")
-Handle = WorkflowHandle[ExecutorLifecycleWorkflow, LifecycleResult]
-
-
-class TransientError(Exception):
-    """Raised by a fake on a first attempt; any non-ApplicationError exception is retried by Temporal."""
-
-
-@dataclass
-class Call(Generic[T]):
-    input: T
-    attempt: int
-    task_queue: str
-    scheduled: datetime  # the test server's virtual clock
-    failed: bool = False
-
-
-@dataclass
-class FakeRelay:
-    """Fake activities under the real names, recording what they were called with."""
-
-    task_queue: str
-    grace: timedelta = GRACE
-    # select_candidate: answers popped from here first, then the first peer not excluded.
-    candidate_script: list[Candidate | None] = field(default_factory=list)
-    # dispatch_recovery / exist_pending_workflows: per candidate, answers popped first, then success / none left.
-    recovery_replies: dict[str, list[RecoveryReply | Exception]] = field(default_factory=dict)
-    pending_replies: dict[str, list[ExistPendingReply]] = field(default_factory=dict)
-    # record_status / write_audit operations whose first attempt raises TransientError.
-    fail_first_attempt: set[str] = field(default_factory=set)
-
-    records: list[Call[RecordStatusInput]] = field(default_factory=list)
-    timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
-    selects: list[Call[SelectCandidateInput]] = field(default_factory=list)
-    audit_calls: list[Call[WriteAuditInput]] = field(default_factory=list)
-    deletes: list[Call[DeleteExecutorInput]] = field(default_factory=list)
-    dispatches: list[Call[DispatchRecoveryInput]] = field(default_factory=list)
-    exist_calls: list[Call[ExistPendingInput]] = field(default_factory=list)
-
-    @property
-    def peers(self) -> list[Candidate]:
-        return [Candidate(p, f"{self.task_queue}-gateway-{p}") for p in PEERS]
-
-    def statuses(self) -> list[tuple[str, str]]:
-        return [(c.input.status, c.input.operation) for c in self.records if not c.failed]
-
-    def audits(self) -> list[str]:
-        return [c.input.operation for c in self.audit_calls if not c.failed]
-
-    # -- database activities (shared queue) -------------------------------------------------------------------
-
-    @activity.defn(name=Activity.RECORD_STATUS)
-    async def record_status(self, input: RecordStatusInput) -> None:
-        self._fail_first(_record(self.records, input), input.operation)
-
-    @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
-    async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta:
-        _record(self.timeouts, input)
-        return self.grace
-
-    @activity.defn(name=Activity.SELECT_CANDIDATE)
-    async def select_candidate(self, input: SelectCandidateInput) -> Candidate | None:
-        _record(self.selects, input)
-        if self.candidate_script:
-            return self.candidate_script.pop(0)
-        return next((p for p in self.peers if p.executor_id not in input.exclude), None)
-
-    @activity.defn(name=Activity.WRITE_AUDIT)
-    async def write_audit(self, input: WriteAuditInput) -> None:
-        self._fail_first(_record(self.audit_calls, input), input.operation)
-
-    @activity.defn(name=Activity.DELETE_EXECUTOR)
-    async def delete_executor(self, input: DeleteExecutorInput) -> None:
-        _record(self.deletes, input)
-
-    # -- socket-bound activities (each candidate's gateway queue) ---------------------------------------------
-
-    @activity.defn(name=Activity.DISPATCH_RECOVERY)
-    async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
-        _record(self.dispatches, input)
-        script = self.recovery_replies.get(input.executor_id)
-        reply = script.pop(0) if script else RecoveryReply(success=True)
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
-
-    @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
-    async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:
-        _record(self.exist_calls, input)
-        script = self.pending_replies.get(input.executor_id)
-        return script.pop(0) if script else ExistPendingReply(exist=False)
-
-    def _fail_first(self, call: Call[T], operation: str) -> None:
-        if operation in self.fail_first_attempt and call.attempt == 1:
-            call.failed = True
-            raise TransientError(f"{operation}: database briefly unavailable")
-
-
-def _record(calls: list[Call[T]], input: T) -> Call[T]:
-    info = activity.info()
-    call = Call(input, info.attempt, info.task_queue, info.current_attempt_scheduled_time)
-    calls.append(call)
-    return call
-
-
-@dataclass
-class Relay:
-    """One executor's lifecycle workflow, driven the way the gateway drives it."""
-
-    env: WorkflowEnvironment
-    fakes: FakeRelay
-    executor_id: str = field(default_factory=lambda: f"exec-{uuid.uuid4()}")
-    handle: Handle | None = None
-
-    @property
-    def workflow_id(self) -> str:
-        return lifecycle_workflow_id(ORG, APP, self.executor_id)
-
-    async def connect(self, connection_id: str, *, signal_id: str | None = None) -> Handle:
-        """Signal-with-start ``connected``, as ``Gateway.signal_connected`` does."""
-        signal = ConnectedSignal(
-            connection_id=connection_id,
-            gateway_queue=f"{self.fakes.task_queue}-gateway-self",
-            info=ExecutorInfo(self.executor_id, application_version=VERSION, hostname="host-1"),
-            signal_id=signal_id or str(uuid.uuid4()),
-            source_ip="10.0.0.7",
-        )
-        self.handle = await self.env.client.start_workflow(
-            ExecutorLifecycleWorkflow.run,
-            LifecycleInput(ORG, APP, self.executor_id, recovery_timeout=RECOVERY_TIMEOUT),
-            id=self.workflow_id,
-            task_queue=self.fakes.task_queue,
-            start_signal="connected",
-            start_signal_args=[signal],
-        )
-        return self.handle
-
-    async def disconnect(self, connection_id: str, *, signal_id: str | None = None) -> None:
-        signal = DisconnectedSignal(connection_id=connection_id, signal_id=signal_id or str(uuid.uuid4()))
-        await self.started.signal(ExecutorLifecycleWorkflow.disconnected, signal)
-
-    @property
-    def started(self) -> Handle:
-        assert self.handle is not None, "connect() first"
-        return self.handle
-
-    async def result(self) -> LifecycleResult:
-        """The workflow's result, time skipping meanwhile. A workflow that never finishes (say, retrying recovery
-        forever against an unanswered queue) spins through virtual time, so bound it on the wall clock."""
-        async with asyncio.timeout(RESULT_WALL_TIMEOUT.total_seconds()):
-            return await self.started.result()
-
-    async def state(self) -> LifecycleState:
-        return await self.started.query(ExecutorLifecycleWorkflow.state)
-
-    async def settle(self) -> None:
-        """Wait until the workflow has completed a task after the last signal, so its state reflects it."""
-
-        async def processed() -> None:
-            kinds = [e.event_type async for e in self.started.fetch_history_events()]
-            last_signal = max(i for i, k in enumerate(kinds) if k == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED)
-            assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in kinds[last_signal:]
-
-        await assert_eventually(processed)
-
-    async def wait_statuses(self, *expected: tuple[str, str]) -> None:
-        """Wait until exactly ``expected`` has been recorded (a stray extra record fails)."""
-
-        def check() -> None:
-            assert self.fakes.statuses() == list(expected)
-
-        await assert_eventually(check)
-
 
 @pytest.fixture
-async def relay(time_skipping_env: WorkflowEnvironment) -> AsyncIterator[Relay]:
+async def relay(time_skipping_env: WorkflowEnvironment, request: pytest.FixtureRequest) -> AsyncIterator[Relay]:
+    """Workers for one test: the workflow and database fakes on a uuid queue, each peer's fakes on its own queue.
+
+    Parametrize indirectly with ``False`` to run the workflow outside the sandbox (so a monkeypatched module
+    constant reaches it).
+    """
+    sandboxed: bool = getattr(request, "param", True)
     client = time_skipping_env.client
     fakes = FakeRelay(task_queue=f"relay-test-{uuid.uuid4()}")
     relay = Relay(time_skipping_env, fakes)
-    db = [fakes.record_status, fakes.get_executor_timeout, fakes.select_candidate, fakes.write_audit,
-          fakes.delete_executor]
-    async with AsyncExitStack() as stack:
+    runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
+    async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(
-            Worker(client, task_queue=fakes.task_queue, workflows=[ExecutorLifecycleWorkflow], activities=db)
+            Worker(client, task_queue=fakes.task_queue, workflows=[ExecutorLifecycleWorkflow],
+                   activities=fakes.db_activities(), workflow_runner=runner)
         )
         for peer in fakes.peers:
             await stack.enter_async_context(
-                Worker(client, task_queue=peer.gateway_queue,
-                       activities=[fakes.dispatch_recovery, fakes.exist_pending_workflows])
+                Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities())
             )
         try:
             yield relay
         finally:
-            # Every test shares one server clock: a workflow left running would fire its timers into a later
-            # test's time skipping, with no worker left to serve them.
-            if relay.handle is not None:
-                try:
-                    await relay.handle.terminate("test over")
-                except RPCError:
-                    pass  # already completed
-
-
-HEALTHY = ("HEALTHY", "executor.healthy")
-DISCONNECTED = ("DISCONNECTED", "executor.disconnected")
-RECONNECTED = ("HEALTHY", "executor.reconnected")
-SUPERSEDED = ("HEALTHY", "executor.superseded")
-DEAD = ("DEAD", "executor.dead")
+            await relay.stop()
 
 
 async def test_reconnect_within_grace_does_not_recover(relay: Relay) -> None:
@@ -411,28 +224,33 @@ async def test_only_peer_fails_then_is_retried_after_backoff(relay: Relay) -> No
 async def test_audit_and_status_rows_carry_one_event_key_per_event(relay: Relay) -> None:
     fakes = relay.fakes
     first = fakes.peers[0]
-    fakes.recovery_replies[first.executor_id] = [RecoveryReply(success=False)]
-    fakes.fail_first_attempt = {"executor.healthy", "executor.disconnected", "executor.dead",
-                                "executor.recovery.dispatched", "executor.recovery.failed",
-                                "executor.recovery.succeeded"}
+    fakes.recovery_replies[first.executor_id] = [RecoveryReply(success=False)]  # two dispatched audits
+    fakes.fail_first_attempt = {"executor.healthy", "executor.dead", "executor.recovery.dispatched",
+                                "executor.recovery.failed"}
     await relay.connect("c1")
-    await relay.env.sleep(timedelta(seconds=5))  # skip the activity retry's backoff
+    await relay.env.sleep(timedelta(seconds=5))  # past the activity retry's backoff
     await relay.wait_statuses(HEALTHY)
     await relay.disconnect("c1")
 
     await relay.result()
 
-    calls: list[Call[RecordStatusInput]] | list[Call[WriteAuditInput]]
-    for calls in (fakes.records, fakes.audit_calls):
-        first_tries = {c.input.event_key: c.input.operation for c in calls if c.attempt == 1}
-        retries = {c.input.event_key: c.input.operation for c in calls if c.attempt > 1}
-        assert retries == {k: op for k, op in first_tries.items() if op in fakes.fail_first_attempt}
-        assert len([c for c in calls if c.failed]) == len(retries)
-    events = [c.input.event_key for c in fakes.records if not c.failed] + [
-        c.input.event_key for c in fakes.audit_calls if not c.failed] + [c.input.event_key for c in fakes.deletes]
-    assert len(events) == 3 + 4 + 1
-    assert len(set(events)) == len(events)  # two dispatched audits, yet two keys
-    assert all(key.startswith(relay.workflow_id + "/") for key in events)
+    # A retried activity carries the key of its first try, so the store can write the row at most once.
+    for tries, retried in [
+        (keyed(fakes.records), ["executor.dead", "executor.healthy"]),
+        (keyed(fakes.audit_calls), ["executor.recovery.dispatched", "executor.recovery.dispatched",
+                                     "executor.recovery.failed"]),
+    ]:
+        failed = {key: op for key, op, _, fails in tries if fails}
+        retries = {key: op for key, op, attempt, _ in tries if attempt > 1}
+        assert sorted(failed.values()) == retried
+        assert retries == failed
+        assert all(attempt == 1 for key, _, attempt, _ in tries if key not in failed)
+    # Each event has its own key: a key seen on two successful writes would drop the second row.
+    written = [key for key, _, _, failed in keyed(fakes.records) + keyed(fakes.audit_calls) if not failed]
+    written += [c.input.event_key for c in fakes.deletes]
+    assert len(written) == 3 + 4 + 1
+    assert len(set(written)) == len(written)
+    assert all(key.startswith(relay.workflow_id + "/") for key in written)
 
 
 async def test_duplicate_signal_ids_are_ignored(relay: Relay) -> None:
@@ -472,3 +290,185 @@ async def test_success_with_pending_workflows_left_is_a_failure(relay: Relay) ->
     assert "pending workflows remain" in fakes.audit_calls[1].input.details["reason"]
     [delete] = fakes.deletes
     assert delete.scheduled >= fakes.exist_calls[1].scheduled
+
+
+# -- continue-as-new and the edges of a run ---------------------------------------------------------------------
+
+
+async def test_disconnected_in_the_first_task_of_a_continued_run_applies_to_the_carried_state(relay: Relay) -> None:
+    c1 = relay.connected_signal("c1")
+    carried = LifecycleState(status="HEALTHY", connection=c1, recorded_connection_id="c1", app_version=VERSION,
+                             seen_signal_ids=[c1.signal_id])
+    # A signal sent while the previous run continues-as-new is delivered with the next run's first task, and
+    # handlers run before run() does: starting a run with carried state and a start signal is that moment.
+    await relay.signal_with_start("disconnected", DisconnectedSignal("c1", signal_id="d1"), state=carried)
+
+    await relay.wait_statuses(DISCONNECTED)
+    state = await relay.state()
+    assert state.connection is None
+    assert state.seen_signal_ids == [c1.signal_id, "d1"]
+
+
+async def test_retried_signal_in_the_first_task_of_a_continued_run_is_deduplicated(relay: Relay) -> None:
+    c1, c2 = relay.connected_signal("c1"), relay.connected_signal("c2")
+    carried = LifecycleState(status="HEALTHY", connection=c2, recorded_connection_id="c2", app_version=VERSION,
+                             seen_signal_ids=[c1.signal_id, c2.signal_id])
+    # The gateway's late retry of the first run's c1 connect, landing in the continued run's first task.
+    await relay.signal_with_start("connected", c1, state=carried)
+    await relay.settle()
+
+    state = await relay.state()
+    assert state.connection is not None and state.connection.connection_id == "c2"
+    assert state.seen_signal_ids == [c1.signal_id, c2.signal_id]
+    await relay.disconnect("c2")  # barrier: a superseded record for c1 would come before this
+    await relay.wait_statuses(DISCONNECTED)
+
+
+@pytest.mark.parametrize("relay", [False], indirect=True, ids=["unsandboxed"])
+async def test_continue_as_new_after_the_signal_budget_keeps_state_and_dedup_keys(
+    relay: Relay, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lifecycle, "SIGNAL_BUDGET", 3)  # reaches the workflow: this test runs it unsandboxed
+    await relay.connect("c1", signal_id="s1")
+    await relay.wait_statuses(HEALTHY)
+    first_run = (await relay.latest.describe()).run_id
+    await relay.disconnect("c1", signal_id="d1")
+    await relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await relay.connect("c2", signal_id="s2")  # third signal: continue-as-new once this is recorded
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+
+    async def continued() -> None:
+        assert (await relay.latest.describe()).run_id != first_run
+
+    await assert_eventually(continued)
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id, state.app_version) == ("HEALTHY", "c2", VERSION)
+    assert state.seen_signal_ids == ["s1", "d1", "s2"]
+
+    await relay.connect("c1", signal_id="s1")  # a late retry of the first run's connect
+    await relay.settle()
+    state = await relay.state()
+    assert state.connection is not None and state.connection.connection_id == "c2"
+    await relay.disconnect("c2")
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED, DISCONNECTED)
+
+
+async def test_reconnect_during_recovery_registers_afresh_after_it(relay: Relay) -> None:
+    fakes = relay.fakes
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    fakes.peers_available = False
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+
+    def recovering() -> None:
+        assert fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]
+        assert fakes.selects and "executor.recovery.waiting" in fakes.audits()
+
+    await assert_eventually(recovering)
+    first_run = (await relay.latest.describe()).run_id
+    await relay.connect("c2")  # back while its workflows are being handed over: that cannot be taken back
+    fakes.peers_available = True
+    await relay.env.sleep(timedelta(minutes=1))  # past any backoff
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, HEALTHY)
+    [delete] = fakes.deletes
+    fresh = fakes.records[3]
+    assert fresh.input.connection_id == "c2" and fresh.scheduled >= delete.scheduled
+    description = await relay.latest.describe()
+    assert description.run_id != first_run and description.status == WorkflowExecutionStatus.RUNNING
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c2")
+
+
+async def test_cancel_during_a_dispatch_ends_the_workflow(relay: Relay) -> None:
+    fakes = relay.fakes
+    fakes.dispatch_gate = asyncio.Event()
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    # Just past the grace: time stops skipping once the dispatch hangs, so the rest of a sleep is wall time.
+    await relay.env.sleep(GRACE + timedelta(milliseconds=200))
+
+    def dispatching() -> None:
+        assert len(fakes.dispatches) == 1
+
+    await assert_eventually(dispatching)
+
+    # Cancellation (say, the app was deleted) reaches the workflow as a cancelled activity: not a failed attempt.
+    await relay.latest.cancel()
+    with pytest.raises(WorkflowFailureError) as failure:
+        await relay.result()
+    assert isinstance(failure.value.cause, CancelledError)
+    assert len(fakes.dispatches) == 1 and fakes.deletes == []
+    assert "executor.recovery.failed" not in fakes.audits()
+    # Let the hung activity finish: while the server counts it as running, time cannot skip for later tests.
+    fakes.dispatch_gate.set()
+
+
+async def test_connect_and_disconnect_before_the_first_task_are_still_recorded(relay: Relay) -> None:
+    # No worker polls this queue until both signals are in: the first task carries connected and disconnected.
+    parked = f"{relay.fakes.task_queue}-parked"
+    await relay.connect("c1", task_queue=parked)
+    await relay.disconnect("c1")
+    async with Worker(relay.env.client, task_queue=parked, workflows=[ExecutorLifecycleWorkflow],
+                      activities=relay.fakes.db_activities()):
+        try:
+            await relay.settle()
+            # The executor connected and went away: that must be on record, and its grace must start.
+            await relay.wait_statuses(HEALTHY, DISCONNECTED, timeout=timedelta(seconds=1))
+        finally:
+            await relay.stop()  # while this queue still has a worker to run the cancellation
+
+
+async def test_removed_while_healthy_ends_without_recovery(relay: Relay) -> None:
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.remove()
+    result = await relay.result()
+    assert result.status == "REMOVED"
+    [delete] = relay.fakes.deletes
+    assert delete.input.details["reason"] == "app deleted"
+    assert not relay.fakes.selects and not relay.fakes.dispatches
+
+
+async def test_removed_during_the_grace_ends_without_recovery(relay: Relay) -> None:
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await relay.remove()
+    assert (await relay.result()).status == "REMOVED"
+    assert relay.fakes.statuses() == [HEALTHY, DISCONNECTED]  # never DEAD
+    assert len(relay.fakes.deletes) == 1 and not relay.fakes.selects
+
+
+async def test_removed_mid_recovery_abandons_the_dispatch(relay: Relay) -> None:
+    fakes = relay.fakes
+    fakes.dispatch_gate = asyncio.Event()  # the peer never answers
+    # A short grace on the wall clock: once a test has left an activity hanging, time no longer skips.
+    fakes.grace = timedelta(milliseconds=300)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    def dispatched() -> None:
+        assert fakes.dispatches
+
+    await assert_eventually(dispatched)
+    await relay.remove()
+    assert (await relay.result()).status == "REMOVED"
+    assert "executor.recovery.succeeded" not in fakes.audits()
+    assert [d.input.details["reason"] for d in fakes.deletes] == ["app deleted"]
+    fakes.dispatch_gate.set()
+
+
+async def test_app_gone_when_the_grace_starts_ends_the_workflow(relay: Relay) -> None:
+    relay.fakes.grace = None
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    assert (await relay.result()).status == "REMOVED"
+    assert relay.fakes.statuses() == [HEALTHY]
+    [delete] = relay.fakes.deletes
+    assert delete.input.details["reason"] == "app no longer exists"

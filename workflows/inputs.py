@@ -96,6 +96,9 @@ class LifecycleState:
     connection: ConnectedSignal | None = None
     recorded_connection_id: str | None = None
     app_version: str = ""
+    # A connection that came and went before the run loop recorded it (both signals in one workflow task):
+    # still recorded, HEALTHY then DISCONNECTED, so no connection goes unaccounted for.
+    unrecorded: ConnectedSignal | None = None
     seen_signal_ids: list[str] = field(default_factory=list)
 
 
@@ -180,6 +183,9 @@ class DispatchRecoveryInput:
     dead_executor_ids: list[str]
     request_id: str
     timeout: timedelta = timedelta(seconds=60)
+    # The candidate's org and app: the hub holds sockets per (org, app, executor id).
+    org: str = ""
+    app: str = ""
 
 
 @dataclass
@@ -197,6 +203,8 @@ class ExistPendingInput:
     app_version: str
     request_id: str
     timeout: timedelta = timedelta(seconds=60)
+    org: str = ""
+    app: str = ""
 
 
 @dataclass
@@ -228,9 +236,10 @@ class RetentionInput:
 
 @dataclass
 class ListRetentionTargetsInput:
-    """Every org's apps (the schedule is global); a field here can narrow it later."""
+    """Every org's apps with a retention setting (the schedule is global), or only ``org`` / ``app``."""
 
     org: str | None = None
+    app: str | None = None
 
 
 @dataclass
@@ -257,6 +266,7 @@ class RetentionCutoffs:
 
 @dataclass
 class AppRetentionInput:
+    # As the round listed it; the app's round reads it again when it starts.
     target: RetentionTarget
     interval: timedelta = timedelta(seconds=300)
     gc_batch_size: int = 10_000
@@ -315,6 +325,8 @@ class DispatchRetentionInput:
     request_id: str
     cutoffs: RetentionCutoffs
     timeout: timedelta = timedelta(seconds=60)
+    org: str = ""
+    app: str = ""
 
 
 @dataclass

@@ -7,11 +7,14 @@ for a connection that is not the current one is stale (an old socket noticed lat
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from datetime import timedelta
+from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
+from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from workflows.inputs import (
@@ -29,11 +32,20 @@ with workflow.unsafe.imports_passed_through():
         LifecycleState,
         RecordStatusInput,
         RecoveryReply,
+        RemovedSignal,
         SelectCandidateInput,
         WriteAuditInput,
     )
 
 HEALTHY, DISCONNECTED, DEAD, NEW = "HEALTHY", "DISCONNECTED", "DEAD", "NEW"
+T = TypeVar("T")
+
+RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
+RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
+
+
+class _Removed(Exception):
+    """Raised inside the run when a ``removed`` signal ends the workflow's business."""
 
 DB_ACTIVITY_TIMEOUT = timedelta(seconds=30)
 # A gateway that vanished never picks the task up: notice it fast instead of waiting out the reply timeout.
@@ -48,10 +60,15 @@ SIGNAL_BUDGET = 1000
 
 @workflow.defn
 class ExecutorLifecycleWorkflow:
-    def __init__(self) -> None:
-        self._state = LifecycleState()
+    @workflow.init
+    def __init__(self, input: LifecycleInput) -> None:
+        # Signal handlers run before run() does for signals that come with the first task (signal-with-start, or
+        # signals sent while the previous run continued-as-new), so the carried state must be in place here.
+        self._input = input
+        self._state = input.state or LifecycleState()
         self._signals_this_run = 0
         self._stale_disconnects = 0
+        self._removed: RemovedSignal | None = None
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -69,7 +86,15 @@ class ExecutorLifecycleWorkflow:
         if current is None or current.connection_id != signal.connection_id:
             self._stale_disconnects += 1
             return
+        if current.connection_id != self._state.recorded_connection_id:
+            self._state.unrecorded = current
         self._state.connection = None
+
+    @workflow.signal
+    def removed(self, signal: RemovedSignal) -> None:
+        """The app was deleted: end now, in whatever state, without recovery."""
+        if not self._duplicate(signal.signal_id):
+            self._removed = signal
 
     @workflow.query
     def state(self) -> LifecycleState:
@@ -88,31 +113,59 @@ class ExecutorLifecycleWorkflow:
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        self._input = input
-        if input.state is not None:
-            # Signals may have arrived before this first line ran; keep them on top of the carried state.
-            arrived = self._state
-            self._state = input.state
-            self._state.seen_signal_ids.extend(arrived.seen_signal_ids)
-            if arrived.connection is not None:
-                self._state.connection = arrived.connection
-        while True:
-            await workflow.wait_condition(lambda: self._needs_action() or self._should_continue_as_new())
-            if not self._needs_action():
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self._next_input(self._state))
-            connection = self._state.connection
-            if connection is not None:
-                # First connection, a reconnect, or a new connection superseding the recorded one.
-                await self._record_healthy(connection)
-            elif await self._grace_expired():
-                return await self._die_and_recover()
+        try:
+            while True:
+                await workflow.wait_condition(
+                    lambda: self._needs_action() or self._should_continue_as_new() or self._removed is not None)
+                self._check_removed()
+                if not self._needs_action():
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(self._next_input(self._state))
+                target = self._state.connection or self._state.unrecorded
+                if target is not None and self._unrecorded(target):
+                    # First connection, a reconnect, or a new connection superseding the recorded one.
+                    self._state.unrecorded = None
+                    await self._record_healthy(target)
+                elif await self._grace_expired():
+                    return await self._die_and_recover()
+        except _Removed:
+            return await self._remove()
+
+    def _unrecorded(self, conn: ConnectedSignal) -> bool:
+        return self._state.status != HEALTHY or conn.connection_id != self._state.recorded_connection_id
 
     def _needs_action(self) -> bool:
         state = self._state
-        if state.connection is None:
-            return state.status == HEALTHY
-        return state.status != HEALTHY or state.connection.connection_id != state.recorded_connection_id
+        target = state.connection or state.unrecorded
+        if target is not None and self._unrecorded(target):
+            return True
+        return state.connection is None and state.status == HEALTHY
+
+    def _check_removed(self) -> None:
+        if self._removed is not None:
+            raise _Removed()
+
+    async def _unless_removed(self, work: Awaitable[T]) -> T:
+        """Await ``work``, abandoning it (cancelled) if a ``removed`` signal comes first."""
+        task = asyncio.ensure_future(work)
+        removal = asyncio.ensure_future(workflow.wait_condition(lambda: self._removed is not None))
+        await workflow.wait([task, removal], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            removal.cancel()
+            return task.result()
+        task.cancel()
+        raise _Removed()
+
+    async def _remove(self) -> LifecycleResult:
+        reason = self._removed.reason if self._removed else "app deleted"
+        i = self._input
+        await workflow.execute_activity(
+            Activity.DELETE_EXECUTOR,
+            DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("removed"),
+                                details={"reason": reason, "status": self._state.status}),
+            start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+        )
+        return LifecycleResult(status="REMOVED")
 
     def _should_continue_as_new(self) -> bool:
         return workflow.info().is_continue_as_new_suggested() or self._signals_this_run >= SIGNAL_BUDGET
@@ -139,12 +192,15 @@ class ExecutorLifecycleWorkflow:
     async def _grace_expired(self) -> bool:
         """Record DISCONNECTED and wait out the app's grace; True when no reconnect came in time."""
         previous = self._state.recorded_connection_id
-        grace: timedelta = await workflow.execute_activity(
+        grace: timedelta | None = await workflow.execute_activity(
             Activity.GET_EXECUTOR_TIMEOUT,
             GetExecutorTimeoutInput(self._input.org, self._input.app),
-            result_type=timedelta,
+            result_type=timedelta | None,  # type: ignore[arg-type]
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
         )
+        if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover for
+            self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
+            raise _Removed()
         await self._record(
             DISCONNECTED,
             "executor.disconnected",
@@ -152,17 +208,19 @@ class ExecutorLifecycleWorkflow:
         )
         try:
             await workflow.wait_condition(
-                lambda: self._state.connection is not None,
+                lambda: self._state.connection is not None or self._state.unrecorded is not None
+                or self._removed is not None,
                 timeout=grace,
                 timeout_summary=f"grace {grace.total_seconds():g} s",
             )
-            return False
         except TimeoutError:
             return True
+        self._check_removed()
+        return False
 
     async def _die_and_recover(self) -> LifecycleResult:
         await self._record(DEAD, "executor.dead", details={})
-        candidate, attempts = await self._recover()
+        candidate, attempts = await self._unless_removed(self._recover())
         result = LifecycleResult(status="RECOVERED", recovered_by=candidate.executor_id, attempts=attempts)
         if self._state.connection is not None:
             # It came back while it was being recovered: recovery cannot be taken back, so register it afresh.
@@ -218,32 +276,31 @@ class ExecutorLifecycleWorkflow:
     async def _attempt(self, candidate: Candidate, request_id: str, attempt: int) -> str | None:
         """One recovery attempt through the candidate's gateway. Returns the failure reason, or None."""
         i = self._input
-        options = {
-            "task_queue": candidate.gateway_queue,
-            "schedule_to_start_timeout": SOCKET_SCHEDULE_TO_START,
-            "start_to_close_timeout": i.recovery_timeout + timedelta(seconds=5),
-            # Relay's own loop retries, on another peer; the activity itself runs once.
-            "retry_policy": RetryPolicy(maximum_attempts=1),
-        }
+        timeout = i.recovery_timeout + timedelta(seconds=5)
+        # Relay's own loop retries, on another peer; each socket-bound activity runs once.
+        once = RetryPolicy(maximum_attempts=1)
         try:
             reply: RecoveryReply = await workflow.execute_activity(
                 Activity.DISPATCH_RECOVERY,
-                DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout),
-                result_type=RecoveryReply,
+                DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
+                                      org=i.org, app=i.app),
+                result_type=RecoveryReply, task_queue=candidate.gateway_queue, retry_policy=once,
+                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
                 summary=f"recovery via {candidate.executor_id} attempt {attempt}",
-                **options,  # type: ignore[arg-type]
             )
             if not reply.success:
                 return f"recovery answered success=false: {reply.error_message}"
             confirm: ExistPendingReply = await workflow.execute_activity(
                 Activity.EXIST_PENDING_WORKFLOWS,
                 ExistPendingInput(candidate.executor_id, i.executor_id, self._version(),
-                                  request_id=str(workflow.uuid4()), timeout=i.recovery_timeout),
-                result_type=ExistPendingReply,
+                                  request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app),
+                result_type=ExistPendingReply, task_queue=candidate.gateway_queue, retry_policy=once,
+                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
                 summary=f"confirm recovery via {candidate.executor_id}",
-                **options,  # type: ignore[arg-type]
             )
         except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise  # the workflow is being cancelled, not the attempt failing: do not retry on another peer
             return str(err.cause or err)
         if confirm.error_message:
             return f"exist_pending_workflows failed: {confirm.error_message}"
@@ -274,6 +331,9 @@ class ExecutorLifecycleWorkflow:
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
         )
         self._state.status = status
+        if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
+            # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
+            workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status)])
 
     async def _audit(self, operation: str, status: str, details: dict[str, object]) -> None:
         i = self._input

@@ -148,19 +148,29 @@ class AppRetentionWorkflow:
     async def run(self, input: AppRetentionInput) -> AppRetentionResult:
         self._input = input
         self._clock = workflow.now()  # the one instant every cutoff of this round is computed from
-        target = input.target
+        # Read again rather than trusting the round's list: the app's previous round may have ended (and recorded
+        # its start) in between, and its settings may have changed or the app been deleted.
+        fresh: list[RetentionTarget] = await workflow.execute_activity(
+            Activity.LIST_RETENTION_TARGETS,
+            ListRetentionTargetsInput(org=input.target.org, app=input.target.app),
+            result_type=list[RetentionTarget],
+            start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+        )
+        if not fresh:
+            return AppRetentionResult(NOTHING_SET)
+        self._target = target = fresh[0]
         cutoffs = retention_cutoffs(target, now=self._clock, gc_batch_size=input.gc_batch_size)
         if cutoffs is None:
             return AppRetentionResult(NOTHING_SET)
         self._cutoffs = cutoffs
-        if is_recent(target.last_started_at, now=self._clock, interval=input.interval):
-            assert target.last_started_at is not None
-            return await self._skip(f"a round started at {target.last_started_at.isoformat()} is recent "
+        last = target.last_started_at
+        if last is not None and is_recent(last, now=self._clock, interval=input.interval):
+            return await self._skip(f"a round started at {last.isoformat()} is recent "
                                     f"(interval {input.interval.total_seconds():g} s)", attempts=0, status="success")
         return await self._dispatch(deadline=self._clock + recent_window(input.interval))
 
     async def _dispatch(self, *, deadline: datetime) -> AppRetentionResult:
-        t = self._input.target
+        t = self._target
         failed: list[str] = []
         attempt = 0
         backoff = BACKOFF_INITIAL
@@ -199,7 +209,8 @@ class AppRetentionWorkflow:
         try:
             reply: RetentionReply = await workflow.execute_activity(
                 Activity.DISPATCH_RETENTION,
-                DispatchRetentionInput(candidate.executor_id, request_id, self._cutoffs, timeout),
+                DispatchRetentionInput(candidate.executor_id, request_id, self._cutoffs, timeout,
+                                       org=self._target.org, app=self._target.app),
                 result_type=RetentionReply,
                 task_queue=candidate.gateway_queue,
                 schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
@@ -225,7 +236,7 @@ class AppRetentionWorkflow:
 
     async def _audit(self, operation: str, status: str, executor_id: str | None, details: dict[str, object], *,
                      started: bool = False) -> None:
-        t = self._input.target
+        t = self._target
         await _audit(WriteRetentionAuditInput(
             t.org, t.app, operation, _event_key(operation), self._clock, status=status, executor_id=executor_id,
             target=t, cutoffs=self._cutoffs, started_at=self._clock if started else None, details=dict(details),

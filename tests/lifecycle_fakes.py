@@ -1,0 +1,303 @@
+"""Fakes and a driver for ExecutorLifecycleWorkflow tests on the time-skipping server.
+
+``FakeRelay`` holds fake activities under the real names, recording every call (input, attempt, task queue,
+virtual scheduled time). ``Relay`` drives one executor's workflow the way the gateway does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Generic, TypeVar
+
+import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.service import RPCError
+from temporalio.testing import WorkflowEnvironment
+
+from tests.conftest import assert_eventually
+from workflows.inputs import (
+    Activity,
+    Candidate,
+    ConnectedSignal,
+    DeleteExecutorInput,
+    DisconnectedSignal,
+    DispatchRecoveryInput,
+    ExecutorInfo,
+    ExistPendingInput,
+    ExistPendingReply,
+    GetExecutorTimeoutInput,
+    LifecycleInput,
+    LifecycleResult,
+    LifecycleState,
+    RecordStatusInput,
+    RecoveryReply,
+    RemovedSignal,
+    SelectCandidateInput,
+    WriteAuditInput,
+    lifecycle_workflow_id,
+)
+from workflows.lifecycle import ExecutorLifecycleWorkflow
+
+ORG, APP, VERSION = "acme", "shop", "v-42"
+GRACE = timedelta(seconds=45)  # not the 60 s default, so a test notices a workflow that ignores the app's value
+RECOVERY_TIMEOUT = timedelta(seconds=20)
+PEERS = ("peer-a", "peer-b")
+RESULT_WALL_TIMEOUT = timedelta(seconds=6)
+STOP_WALL_TIMEOUT = timedelta(seconds=20)
+
+T = TypeVar("T")
+Handle = WorkflowHandle[ExecutorLifecycleWorkflow, LifecycleResult]
+
+
+class TransientError(Exception):
+    """Raised by a fake on a first attempt; any non-ApplicationError exception is retried by Temporal."""
+
+
+@dataclass
+class Call(Generic[T]):
+    input: T
+    attempt: int
+    task_queue: str
+    scheduled: datetime  # the test server's virtual clock
+    failed: bool = False
+
+
+@dataclass
+class FakeRelay:
+    """Fake activities under the real names, recording what they were called with."""
+
+    task_queue: str
+    grace: timedelta | None = GRACE  # None: the app no longer exists
+    # select_candidate: answers popped from here first, then the first peer not excluded.
+    candidate_script: list[Candidate | None] = field(default_factory=list)
+    peers_available: bool = True  # False: no peer is HEALTHY, select_candidate finds none
+    # dispatch_recovery / exist_pending_workflows: per candidate, answers popped first, then success / none left.
+    recovery_replies: dict[str, list[RecoveryReply | Exception]] = field(default_factory=dict)
+    pending_replies: dict[str, list[ExistPendingReply]] = field(default_factory=dict)
+    # When set, dispatch_recovery hangs (a peer that never answers) until this is set.
+    dispatch_gate: asyncio.Event | None = None
+    # record_status / write_audit operations whose first attempt raises TransientError.
+    fail_first_attempt: set[str] = field(default_factory=set)
+
+    records: list[Call[RecordStatusInput]] = field(default_factory=list)
+    timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
+    selects: list[Call[SelectCandidateInput]] = field(default_factory=list)
+    audit_calls: list[Call[WriteAuditInput]] = field(default_factory=list)
+    deletes: list[Call[DeleteExecutorInput]] = field(default_factory=list)
+    dispatches: list[Call[DispatchRecoveryInput]] = field(default_factory=list)
+    exist_calls: list[Call[ExistPendingInput]] = field(default_factory=list)
+
+    @property
+    def peers(self) -> list[Candidate]:
+        return [Candidate(p, f"{self.task_queue}-gateway-{p}") for p in PEERS]
+
+    def statuses(self) -> list[tuple[str, str]]:
+        return [(c.input.status, c.input.operation) for c in self.records if not c.failed]
+
+    def audits(self) -> list[str]:
+        return [c.input.operation for c in self.audit_calls if not c.failed]
+
+    def summary(self) -> dict[str, int]:
+        """Call counts, for failure messages."""
+        return {
+            Activity.RECORD_STATUS: len(self.records), Activity.GET_EXECUTOR_TIMEOUT: len(self.timeouts),
+            Activity.SELECT_CANDIDATE: len(self.selects), Activity.WRITE_AUDIT: len(self.audit_calls),
+            Activity.DELETE_EXECUTOR: len(self.deletes), Activity.DISPATCH_RECOVERY: len(self.dispatches),
+            Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls),
+        }
+
+    def db_activities(self) -> list[Callable[..., Any]]:
+        return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
+                self.delete_executor]
+
+    def gateway_activities(self) -> list[Callable[..., Any]]:
+        return [self.dispatch_recovery, self.exist_pending_workflows]
+
+    # -- database activities (shared queue) -------------------------------------------------------------------
+
+    @activity.defn(name=Activity.RECORD_STATUS)
+    async def record_status(self, input: RecordStatusInput) -> None:
+        self._fail_first(_record(self.records, input), input.operation)
+
+    @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
+    async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
+        _record(self.timeouts, input)
+        return self.grace
+
+    @activity.defn(name=Activity.SELECT_CANDIDATE)
+    async def select_candidate(self, input: SelectCandidateInput) -> Candidate | None:
+        _record(self.selects, input)
+        if self.candidate_script:
+            return self.candidate_script.pop(0)
+        if not self.peers_available:
+            return None
+        return next((p for p in self.peers if p.executor_id not in input.exclude), None)
+
+    @activity.defn(name=Activity.WRITE_AUDIT)
+    async def write_audit(self, input: WriteAuditInput) -> None:
+        self._fail_first(_record(self.audit_calls, input), input.operation)
+
+    @activity.defn(name=Activity.DELETE_EXECUTOR)
+    async def delete_executor(self, input: DeleteExecutorInput) -> None:
+        _record(self.deletes, input)
+
+    # -- socket-bound activities (each candidate's gateway queue) ---------------------------------------------
+
+    @activity.defn(name=Activity.DISPATCH_RECOVERY)
+    async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
+        _record(self.dispatches, input)
+        if self.dispatch_gate is not None:
+            await self.dispatch_gate.wait()
+        script = self.recovery_replies.get(input.executor_id)
+        reply = script.pop(0) if script else RecoveryReply(success=True)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
+    async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:
+        _record(self.exist_calls, input)
+        script = self.pending_replies.get(input.executor_id)
+        return script.pop(0) if script else ExistPendingReply(exist=False)
+
+    def _fail_first(self, call: Call[T], operation: str) -> None:
+        if operation in self.fail_first_attempt and call.attempt == 1:
+            call.failed = True
+            raise TransientError(f"{operation}: database briefly unavailable")
+
+
+def keyed(calls: Sequence[Call[RecordStatusInput] | Call[WriteAuditInput]]) -> list[tuple[str, str, int, bool]]:
+    """(event_key, operation, attempt, failed) of each try."""
+    return [(c.input.event_key, c.input.operation, c.attempt, c.failed) for c in calls]
+
+
+def _record(calls: list[Call[T]], input: T) -> Call[T]:
+    info = activity.info()
+    call = Call(input, info.attempt, info.task_queue, info.current_attempt_scheduled_time)
+    calls.append(call)
+    return call
+
+
+@dataclass
+class Relay:
+    """One executor's lifecycle workflow, driven the way the gateway drives it."""
+
+    env: WorkflowEnvironment
+    fakes: FakeRelay
+    executor_id: str = field(default_factory=lambda: f"exec-{uuid.uuid4()}")
+    # The time-skipping client's start_workflow handle: unlike get_workflow_handle(), its result() skips time.
+    # It follows continue-as-new, so the first one serves for the whole test.
+    started: Handle | None = None
+
+    @property
+    def workflow_id(self) -> str:
+        return lifecycle_workflow_id(ORG, APP, self.executor_id)
+
+    @property
+    def latest(self) -> Handle:
+        """The current run, whichever it is: like the gateway, never pinned to a run that continued-as-new."""
+        return self.env.client.get_workflow_handle_for(ExecutorLifecycleWorkflow.run, self.workflow_id)
+
+    def connected_signal(self, connection_id: str, *, signal_id: str | None = None) -> ConnectedSignal:
+        return ConnectedSignal(
+            connection_id=connection_id,
+            gateway_queue=f"{self.fakes.task_queue}-gateway-self",
+            info=ExecutorInfo(self.executor_id, application_version=VERSION, hostname="host-1"),
+            signal_id=signal_id or str(uuid.uuid4()),
+            source_ip="10.0.0.7",
+        )
+
+    async def connect(self, connection_id: str, *, signal_id: str | None = None, task_queue: str | None = None
+                      ) -> None:
+        """Signal-with-start ``connected``, as ``Gateway.signal_connected`` does."""
+        signal = self.connected_signal(connection_id, signal_id=signal_id)
+        await self.signal_with_start("connected", signal, task_queue=task_queue)
+
+    async def signal_with_start(self, name: str, signal: ConnectedSignal | DisconnectedSignal, *,
+                                state: LifecycleState | None = None, task_queue: str | None = None) -> None:
+        handle = await self.env.client.start_workflow(
+            ExecutorLifecycleWorkflow.run,
+            LifecycleInput(ORG, APP, self.executor_id, state=state, recovery_timeout=RECOVERY_TIMEOUT),
+            id=self.workflow_id,
+            task_queue=task_queue or self.fakes.task_queue,
+            start_signal=name,
+            start_signal_args=[signal],
+        )
+        self.started = self.started or handle
+
+    async def disconnect(self, connection_id: str, *, signal_id: str | None = None) -> None:
+        signal = DisconnectedSignal(connection_id=connection_id, signal_id=signal_id or str(uuid.uuid4()))
+        await self.latest.signal(ExecutorLifecycleWorkflow.disconnected, signal)
+
+    async def remove(self, reason: str = "app deleted") -> None:
+        signal = RemovedSignal(signal_id=str(uuid.uuid4()), reason=reason)
+        await self.latest.signal(ExecutorLifecycleWorkflow.removed, signal)
+
+    async def result(self) -> LifecycleResult:
+        """The workflow's result, time skipping meanwhile. A workflow that never finishes (say, retrying recovery
+        forever against an unanswered queue) spins through virtual time, so this is bounded on the wall clock."""
+        assert self.started is not None, "nothing started"
+        waiting = asyncio.ensure_future(self.started.result())
+        done, _ = await asyncio.wait([waiting], timeout=RESULT_WALL_TIMEOUT.total_seconds())
+        if not done:
+            await self.stop(waiting)
+            pytest.fail(f"no result within {RESULT_WALL_TIMEOUT} of wall time; calls: {self.fakes.summary()}")
+        return waiting.result()
+
+    async def stop(self, waiting: asyncio.Future[LifecycleResult] | None = None) -> None:
+        """End the workflow if it is still running, without breaking time skipping for the tests after this one.
+
+        Every test shares one server clock. Cancelling ``result()`` mid-call, or terminating a workflow while one
+        of its tasks is in flight, leaves the test server's time-skipping lock held: later tests then wait on the
+        wall clock. A cancel request ends the workflow through a normal workflow task instead.
+        """
+        if self.started is None:
+            return
+        try:
+            await self.latest.cancel()
+        except RPCError:
+            return  # already closed
+        waiting = waiting or asyncio.ensure_future(self.started.result())
+        done, _ = await asyncio.wait([waiting], timeout=STOP_WALL_TIMEOUT.total_seconds())
+        if done:
+            with contextlib.suppress(WorkflowFailureError):
+                waiting.result()
+        else:
+            waiting.cancel()
+            await self.latest.terminate("test over: cancel not honoured")
+
+    async def state(self) -> LifecycleState:
+        return await self.latest.query(ExecutorLifecycleWorkflow.state)
+
+    async def settle(self) -> None:
+        """Wait until the workflow has completed a task after the last signal, so its state reflects it."""
+
+        async def processed() -> None:
+            kinds = [e.event_type async for e in self.latest.fetch_history_events()]
+            signaled = [i for i, k in enumerate(kinds) if k == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED]
+            assert signaled, kinds
+            assert EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED in kinds[signaled[-1]:]
+
+        await assert_eventually(processed)
+
+    async def wait_statuses(self, *expected: tuple[str, str], timeout: timedelta = timedelta(seconds=10)) -> None:
+        """Wait until exactly ``expected`` has been recorded (a stray extra record fails)."""
+
+        def check() -> None:
+            assert self.fakes.statuses() == list(expected)
+
+        await assert_eventually(check, timeout=timeout)
+
+
+HEALTHY = ("HEALTHY", "executor.healthy")
+DISCONNECTED = ("DISCONNECTED", "executor.disconnected")
+RECONNECTED = ("HEALTHY", "executor.reconnected")
+SUPERSEDED = ("HEALTHY", "executor.superseded")
+DEAD = ("DEAD", "executor.dead")
