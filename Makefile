@@ -24,6 +24,9 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 
+bench: $(STAMP)
+	$(PY) -m tests.bench
+
 openapi: $(STAMP)
 	$(PY) -m gateway.openapi > api/spec/openapi.json
 

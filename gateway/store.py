@@ -214,7 +214,8 @@ class Store:
 
     # -- retention (issue 6) -------------------------------------------------------------------------------
 
-    def list_retention_targets(self, org: str | None = None) -> list[tuple[Application, datetime | None]]:
+    def list_retention_targets(self, org: str | None = None,
+                               app: str | None = None) -> list[tuple[Application, datetime | None]]:
         """Apps with at least one retention setting, each with the start of its last round (None: never).
 
         A ``gc_rows_threshold`` <= 0 counts as unset: it is never sent (``OFFSET -1`` on PostgreSQL).
@@ -228,6 +229,8 @@ class Store:
         )
         if org is not None:
             query = query.where(Application.org == org)
+        if app is not None:
+            query = query.where(Application.name == app)
         with Session(self.engine) as s:
             rows = s.exec(query.order_by(col(Application.org), col(Application.name))).all()
         return [(app, None if state is None else state.last_started_at) for app, state in rows]

@@ -7,6 +7,7 @@ End-to-end behaviour on real executors is in ``test_retention_e2e.py``.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -242,6 +243,8 @@ def test_targets_are_apps_with_a_setting_with_their_last_round(store: Store) -> 
     targets = {(app.org, app.name): last for app, last in store.list_retention_targets()}
     assert targets == {("acme", "default"): None, ("acme", "timeout"): NOW, ("other", "gc"): None}
     assert [app.name for app, _ in store.list_retention_targets("other")] == ["gc"]
+    assert [app.name for app, _ in store.list_retention_targets("acme", "timeout")] == ["timeout"]
+    assert store.list_retention_targets("acme", "nothing") == []
 
 
 def test_retention_audit_lands_once_per_event_key_and_the_last_round_only_moves_forward(store: Store) -> None:
@@ -307,7 +310,7 @@ class FakeRetention:
 
     @activity.defn(name=Activity.LIST_RETENTION_TARGETS)
     async def list_retention_targets(self, input: ListRetentionTargetsInput) -> list[RetentionTarget]:
-        return list(self.targets)
+        return [t for t in self.targets if input.app in (None, t.app) and input.org in (None, t.org)]
 
     @activity.defn(name=Activity.SELECT_RETENTION_EXECUTOR)
     async def select_retention_executor(self, input: SelectRetentionExecutorInput) -> Candidate | None:
@@ -368,14 +371,29 @@ async def _bounded(waiting: Awaitable[T]) -> T:
     return await asyncio.wait_for(waiting, RESULT_WALL_TIMEOUT.total_seconds())
 
 
-@pytest.fixture(scope="module")
-async def rounds_env() -> AsyncIterator[WorkflowEnvironment]:
-    """A time-skipping server of its own for tests that run whole rounds: a child workflow started by a workflow
-    leaves the test server's time-skipping lock held (seen with temporal-test-server 1.40), so every later timer
-    on that server would run at wall speed — including other modules' tests on the session server."""
-    env = await WorkflowEnvironment.start_time_skipping(
+async def _time_skipping_server() -> WorkflowEnvironment:
+    return await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(venv_binary("temporal-test-server")), data_converter=pydantic_data_converter,
     )
+
+
+@pytest.fixture(scope="module")
+async def apps_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server for one app's rounds. Not the session's: a test elsewhere that leaves the server's
+    time-skipping lock held would make these timers run at wall speed."""
+    env = await _time_skipping_server()
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def rounds_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping server for whole rounds, kept apart from ``apps_env``: a child workflow started by a
+    workflow leaves the test server's time-skipping lock held (temporal-test-server 1.40), after which every timer
+    on that server runs at wall speed. Round tests therefore use no timers."""
+    env = await _time_skipping_server()
     try:
         yield env
     finally:
@@ -406,9 +424,9 @@ EXECUTORS = ("e1", "e2", "slow")
 
 
 @pytest.fixture
-async def ts(time_skipping_env: WorkflowEnvironment) -> AsyncIterator[Env]:
-    """One app's round on the session's time-skipping server (``run_app``)."""
-    async with _workers(time_skipping_env) as env:
+async def ts(apps_env: WorkflowEnvironment) -> AsyncIterator[Env]:
+    """One app's round at a time (``run_app``)."""
+    async with _workers(apps_env) as env:
         yield env
 
 
@@ -442,6 +460,8 @@ async def test_a_round_messages_each_app_with_a_setting_once_with_its_cutoffs(ts
 
     sent = {d.input.request_id: d for d in ts_rounds.fakes.dispatches}
     assert len(sent) == 2 and {d.task_queue for d in sent.values()} == {ts_rounds.fakes.queue("e1")}
+    # The gateway finds the socket by org, app and executor id.
+    assert {(d.input.org, d.input.app) for d in sent.values()} == {("acme", full.app), ("acme", rows.app)}
     [dispatched] = [a for a in ts_rounds.fakes.audits if a.app == full.app and a.operation == "retention.dispatched"]
     clock = dispatched.clock
     assert before - timedelta(seconds=1) <= clock <= after + timedelta(seconds=1)
@@ -511,6 +531,20 @@ async def test_a_recent_round_is_not_repeated(ts_rounds: Env) -> None:
     assert (skipped.operation, skipped.status) == ("retention.skipped", "success")
     assert "is recent" in skipped.details["reason"]
     assert [d.input.executor_id for d in ts_rounds.fakes.dispatches] == ["e2"]
+
+
+async def test_an_app_round_reads_its_app_afresh(ts: Env) -> None:
+    now = await ts.env.get_current_time()
+    listed = _app("raced", gc_rows_threshold=10)  # as the round listed it: never run
+    ts.fakes.targets = [dataclasses.replace(listed, last_started_at=now)]  # the previous round just recorded
+    ts.fakes.executors[listed.app] = ["e1"]
+    assert (await ts.run_app(listed)).outcome == "SKIPPED"
+    assert ts.fakes.dispatches == [] and "is recent" in ts.fakes.audits[0].details["reason"]
+
+    gone = _app("gone", gc_rows_threshold=10)  # deleted, or its settings cleared, since the round listed it
+    ts.fakes.executors[gone.app] = ["e1"]
+    assert await ts.run_app(gone) == AppRetentionResult("NOTHING_SET")
+    assert ts.fakes.ops(gone.app) == [] and ts.fakes.dispatches == []
 
 
 async def test_an_app_that_never_starts_gives_up_before_the_next_round(ts: Env) -> None:
