@@ -151,5 +151,6 @@ async def _next_frame(websocket: WebSocket) -> str | bytes:
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
     if websocket.application_state == WebSocketState.CONNECTED:
-        with contextlib.suppress(RuntimeError):  # already closing
+        # The peer may be gone already (its disconnect not yet read by its handler): nothing left to close.
+        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
             await websocket.close(code, reason)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 from temporalio.client import Client
+from temporalio.service import RPCError
 from websockets.sync.client import connect
 
 from gateway.temporal import connect as temporal_connect
@@ -78,8 +79,15 @@ async def _workflow_facts(address: str) -> tuple[LifecycleState, int]:
 
     async def settled() -> LifecycleState:
         # Every signal sent has been handled once the workflow holds the last connection as recorded.
+        state = LifecycleState()
         for _ in range(300):
-            state = await handle.query(ExecutorLifecycleWorkflow.state)
+            try:
+                state = await handle.query(ExecutorLifecycleWorkflow.state)
+            except RPCError:
+                # A workflow task that lost a race with new signals (e.g. a continue-as-new refused for them)
+                # is retried by the server; queries are refused meanwhile.
+                await asyncio.sleep(0.1)
+                continue
             if state.connection is not None and state.recorded_connection_id == state.connection.connection_id:
                 return state
             await asyncio.sleep(0.1)

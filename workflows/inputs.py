@@ -99,6 +99,9 @@ class LifecycleState:
     # A connection that came and went before the run loop recorded it (both signals in one workflow task):
     # still recorded, HEALTHY then DISCONNECTED, so no connection goes unaccounted for.
     unrecorded: ConnectedSignal | None = None
+    # While DISCONNECTED: when the grace ends. Carried across continue-as-new, so the grace neither restarts nor
+    # stretches when a flapping executor's history is continued mid-grace.
+    grace_deadline: datetime | None = None
     seen_signal_ids: list[str] = field(default_factory=list)
 
 

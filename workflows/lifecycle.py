@@ -122,12 +122,15 @@ class ExecutorLifecycleWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(self._next_input(self._state))
                 target = self._state.connection or self._state.unrecorded
+                if self._state.status == DEAD:
+                    return await self._recover_and_finish()  # a run continued-as-new during recovery
                 if target is not None and self._unrecorded(target):
                     # First connection, a reconnect, or a new connection superseding the recorded one.
                     self._state.unrecorded = None
                     await self._record_healthy(target)
                 elif await self._grace_expired():
-                    return await self._die_and_recover()
+                    await self._record(DEAD, "executor.dead", details={})
+                    return await self._recover_and_finish()
         except _Removed:
             return await self._remove()
 
@@ -137,9 +140,10 @@ class ExecutorLifecycleWorkflow:
     def _needs_action(self) -> bool:
         state = self._state
         target = state.connection or state.unrecorded
-        if target is not None and self._unrecorded(target):
+        if state.status == DEAD or (target is not None and self._unrecorded(target)):
             return True
-        return state.connection is None and state.status == HEALTHY
+        # HEALTHY with no connection: a grace to start. DISCONNECTED: a grace to resume after continue-as-new.
+        return state.connection is None and state.status in (HEALTHY, DISCONNECTED)
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -188,38 +192,47 @@ class ExecutorLifecycleWorkflow:
         )
         state.recorded_connection_id = conn.connection_id
         state.app_version = conn.info.application_version
+        state.grace_deadline = None
 
     async def _grace_expired(self) -> bool:
-        """Record DISCONNECTED and wait out the app's grace; True when no reconnect came in time."""
-        previous = self._state.recorded_connection_id
-        grace: timedelta | None = await workflow.execute_activity(
-            Activity.GET_EXECUTOR_TIMEOUT,
-            GetExecutorTimeoutInput(self._input.org, self._input.app),
-            result_type=timedelta | None,  # type: ignore[arg-type]
-            start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
-        )
-        if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover for
-            self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
-            raise _Removed()
-        await self._record(
-            DISCONNECTED,
-            "executor.disconnected",
-            details={"connection_id": previous, "grace_seconds": grace.total_seconds()},
-        )
+        """Record DISCONNECTED (once) and wait out the app's grace; True when no reconnect came in time."""
+        state = self._state
+        if state.status != DISCONNECTED or state.grace_deadline is None:
+            grace: timedelta | None = await workflow.execute_activity(
+                Activity.GET_EXECUTOR_TIMEOUT,
+                GetExecutorTimeoutInput(self._input.org, self._input.app),
+                result_type=timedelta | None,  # type: ignore[arg-type]
+                start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+            )
+            if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover
+                self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
+                raise _Removed()
+            await self._record(
+                DISCONNECTED,
+                "executor.disconnected",
+                details={"connection_id": state.recorded_connection_id, "grace_seconds": grace.total_seconds()},
+            )
+            state.grace_deadline = workflow.now() + grace
+        remaining = state.grace_deadline - workflow.now()
+        if remaining <= timedelta(0):
+            return True
         try:
             await workflow.wait_condition(
-                lambda: self._state.connection is not None or self._state.unrecorded is not None
-                or self._removed is not None,
-                timeout=grace,
-                timeout_summary=f"grace {grace.total_seconds():g} s",
+                lambda: state.connection is not None or state.unrecorded is not None or self._removed is not None
+                or self._should_continue_as_new(),
+                timeout=remaining,
+                timeout_summary=f"grace {remaining.total_seconds():g} s",
             )
         except TimeoutError:
             return True
         self._check_removed()
+        if state.connection is None and state.unrecorded is None:
+            # History is long (a flapping executor): continue mid-grace; the deadline travels with the state.
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._next_input(state))
         return False
 
-    async def _die_and_recover(self) -> LifecycleResult:
-        await self._record(DEAD, "executor.dead", details={})
+    async def _recover_and_finish(self) -> LifecycleResult:
         candidate, attempts = await self._unless_removed(self._recover())
         result = LifecycleResult(status="RECOVERED", recovered_by=candidate.executor_id, attempts=attempts)
         if self._state.connection is not None:
@@ -240,6 +253,10 @@ class ExecutorLifecycleWorkflow:
         attempt = 0
         waiting_audited = False
         while True:
+            if self._should_continue_as_new():
+                # A long wait for a peer must not grow history without bound: the next run resumes recovery.
+                await workflow.wait_condition(workflow.all_handlers_finished)
+                workflow.continue_as_new(self._next_input(self._state))
             candidate: Candidate | None = await workflow.execute_activity(
                 Activity.SELECT_CANDIDATE,
                 SelectCandidateInput(i.org, i.app, version, exclude=[i.executor_id, *failed]),
