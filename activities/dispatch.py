@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
@@ -24,6 +25,8 @@ from workflows.inputs import (
     RecoveryReply,
     RetentionReply,
 )
+
+HEARTBEAT_EVERY = timedelta(seconds=2)
 
 
 class HubActivities:
@@ -50,8 +53,14 @@ class HubActivities:
     async def _request(self, executor_id: str, request_id: str, frame: str,
                        input: DispatchRecoveryInput | ExistPendingInput | DispatchRetentionInput) -> Reply:
         try:
-            return await self._hub.get(input.org, input.app, executor_id).request(request_id, frame,
-                                                                                timeout=input.timeout)
+            conn = self._hub.get(input.org, input.app, executor_id)
+            request = asyncio.ensure_future(conn.request(request_id, frame, timeout=input.timeout))
+            # Heartbeat while the executor thinks: if this gateway process dies, Temporal notices within the
+            # heartbeat timeout and the workflow moves on to another peer.
+            while not request.done():
+                activity.heartbeat()
+                await asyncio.wait([request], timeout=HEARTBEAT_EVERY.total_seconds())
+            return request.result()
         except RelayError as err:
             # The workflow picks another peer; retrying here against the same socket would not help.
             raise ApplicationError(err.detail, type=type(err).__name__, non_retryable=True) from None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from datetime import timedelta
@@ -22,6 +23,7 @@ from workflows.inputs import (
     DisconnectGatewayInput,
     DisconnectGatewayResult,
     GetExecutorTimeoutInput,
+    PeerAvailableSignal,
     RecordStatusInput,
     SelectCandidateInput,
     WriteAuditInput,
@@ -44,6 +46,20 @@ class RegistryActivities:
             info=dataclasses.asdict(input.info) if input.info else None,
             connection_id=input.connection_id, gateway_queue=input.gateway_queue, details=input.details,
         )
+        if input.status == ExecutorStatus.HEALTHY:
+            await self._wake_waiting_recoveries(input)
+
+    async def _wake_waiting_recoveries(self, input: RecordStatusInput) -> None:
+        """A peer is HEALTHY: DEAD executors' workflows waiting for one look again now, not at their next check."""
+        dead = await asyncio.to_thread(self._store.dead_executors, input.org, input.app)
+        if not dead:
+            return
+        client = activity.client()
+        signal = PeerAvailableSignal(input.executor_id, input.info.application_version if input.info else "")
+        for executor_id in dead:
+            handle = client.get_workflow_handle(lifecycle_workflow_id(input.org, input.app, executor_id))
+            with contextlib.suppress(RPCError):  # ended meanwhile: nothing waits there any more
+                await handle.signal("peer_available", signal)
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
@@ -59,8 +75,13 @@ class RegistryActivities:
         found = await asyncio.to_thread(
             self._store.select_candidate,
             org=input.org, app=input.app, app_version=input.app_version, exclude=input.exclude,
+            dead_executor_id=input.dead_executor_id,
         )
-        return None if found is None else Candidate(*found)
+        if found is None:
+            return None
+        peer, cross_version = found
+        assert peer.gateway_queue is not None
+        return Candidate(peer.executor_id, peer.gateway_queue, peer.app_version, cross_version)
 
     @activity.defn(name=Activity.WRITE_AUDIT)
     async def write_audit(self, input: WriteAuditInput) -> None:

@@ -71,8 +71,21 @@ class Application(SQLModel, table=True):
     gc_rows_threshold: int | None = DEFAULT_GC_ROWS_THRESHOLD
     global_timeout: timedelta | None = Field(default=None, sa_type=Interval)
     private_mode: bool = False
+    # Relay extension: when no HEALTHY executor runs a dead executor's version, try other versions (current SDKs
+    # recover only their own version's workflows, so confirmation may keep failing).
+    cross_version_recovery: bool = False
     language: str | None = None
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class RecoveryClaim(SQLModel, table=True):
+    """Which peer a dead executor's recovery is on: counts recoveries in flight, to spread them."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    dead_executor_id: str = Field(primary_key=True)
+    candidate_id: str = Field(index=True)
+    claimed_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
 class Executor(SQLModel, table=True):

@@ -86,6 +86,10 @@ class Application(BaseModel):
     executorTimeoutSecs: int
     privateMode: bool
     dbosCloud: bool
+    crossVersionRecovery: bool = Field(
+        default=False, json_schema_extra={**EXTENSION, "description": (
+            "Relay extension: when no HEALTHY executor runs a dead executor's version, recover through another "
+            "version. Current SDKs recover only their own version's workflows, so this rarely helps.")})
 
     @classmethod
     def of(cls, app: models.Application, *, available: bool, language: str | None) -> Application:
@@ -101,6 +105,7 @@ class Application(BaseModel):
             executorTimeoutSecs=units.timedelta_to_seconds(app.executor_timeout),
             privateMode=app.private_mode,
             dbosCloud=False,
+            crossVersionRecovery=app.cross_version_recovery,
         )
 
 
@@ -126,6 +131,7 @@ class PatchAppInputBody(InputBody):
     gcTimeThresholdMs: RetentionMs | None = Field(default=None, json_schema_extra=_CLEARABLE)
     globalTimeoutMs: RetentionMs | None = Field(default=None, json_schema_extra=_CLEARABLE)
     privateMode: bool = False
+    crossVersionRecovery: bool = Field(default=False, json_schema_extra=EXTENSION)
 
     def changes(self) -> dict[str, Any]:
         """The storage fields to change, as ``timedelta`` where they are durations."""
@@ -141,6 +147,8 @@ class PatchAppInputBody(InputBody):
             out["global_timeout"] = units.optional_ms_to_timedelta(self.globalTimeoutMs)
         if "privateMode" in given:
             out["private_mode"] = self.privateMode
+        if "crossVersionRecovery" in given:
+            out["cross_version_recovery"] = self.crossVersionRecovery
         return out
 
 

@@ -9,6 +9,7 @@ import hashlib
 import hmac
 import random
 import secrets
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,7 +19,16 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, and_, col, or_, select
 
 from gateway.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
-from gateway.models import ApiKey, Application, AuditLog, Executor, ExecutorStatus, RetentionState, utcnow
+from gateway.models import (
+    ApiKey,
+    Application,
+    AuditLog,
+    Executor,
+    ExecutorStatus,
+    RecoveryClaim,
+    RetentionState,
+    utcnow,
+)
 
 KEY_PREFIX = "dbos_"
 UNSET: Any = object()
@@ -166,24 +176,50 @@ class Store:
             row = s.get(Executor, (org, app, executor_id))
             if row is not None:
                 s.delete(row)
+            claim = s.get(RecoveryClaim, (org, app, executor_id))
+            if claim is not None:
+                s.delete(claim)
             s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
                            operation="executor.deleted", details=details))
             s.commit()
 
-    def select_candidate(self, *, org: str, app: str, app_version: str,
-                         exclude: list[str]) -> tuple[str, str] | None:
-        """A HEALTHY peer of the same org, app and version: ``(executor_id, gateway_queue)``, or None."""
+    def select_candidate(self, *, org: str, app: str, app_version: str, exclude: list[str],
+                         dead_executor_id: str = "") -> tuple[Executor, bool] | None:
+        """Claim a HEALTHY peer for ``dead_executor_id``'s recovery: ``(peer, cross_version)``, or None.
+
+        Same org, app and version first; other versions only if the app allows cross-version recovery. Among
+        those, the peer with the fewest recoveries in flight, so a crowd of dead executors spreads evenly.
+        """
         with Session(self.engine) as s:
-            rows = s.exec(select(Executor).where(
-                Executor.org == org, Executor.app == app, Executor.app_version == app_version,
-                Executor.status == ExecutorStatus.HEALTHY, col(Executor.gateway_queue).is_not(None),
-                col(Executor.executor_id).not_in(exclude),
-            )).all()
-        if not rows:
-            return None
-        row = random.choice(rows)  # spread recoveries; fair scheduling is a later issue
-        assert row.gateway_queue is not None
-        return row.executor_id, row.gateway_queue
+            healthy = list(s.exec(select(Executor).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.HEALTHY,
+                col(Executor.gateway_queue).is_not(None), col(Executor.executor_id).not_in(exclude),
+            )).all())
+            rows = [r for r in healthy if r.app_version == app_version]
+            cross = False
+            if not rows and healthy:
+                application = s.exec(select(Application).where(Application.org == org,
+                                                               Application.name == app)).first()
+                if application is not None and application.cross_version_recovery:
+                    rows, cross = healthy, True
+            if not rows:
+                return None
+            claims = s.exec(select(RecoveryClaim).where(RecoveryClaim.org == org, RecoveryClaim.app == app)).all()
+            load = Counter(c.candidate_id for c in claims if c.dead_executor_id != dead_executor_id)
+            least = min(load[r.executor_id] for r in rows)
+            row = random.choice([r for r in rows if load[r.executor_id] == least])
+            if dead_executor_id:
+                s.merge(RecoveryClaim(org=org, app=app, dead_executor_id=dead_executor_id,
+                                      candidate_id=row.executor_id, claimed_at=utcnow()))
+                s.commit()
+                s.refresh(row)
+            return row, cross
+
+    def dead_executors(self, org: str, app: str) -> list[str]:
+        """Ids of the app's DEAD executors (each one's workflow may be waiting for a peer)."""
+        with Session(self.engine) as s:
+            return list(s.exec(select(Executor.executor_id).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all())
 
     def executors_on_gateway(self, gateway_queue: str) -> list[tuple[str, str, str, str]]:
         """``(org, app, executor_id, connection_id)`` of HEALTHY executors whose socket is on that gateway."""

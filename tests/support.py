@@ -171,3 +171,133 @@ def start_temporal(data_dir: Path, *extra: str) -> tuple[Process, str]:
     settings = Settings(data_dir=data_dir, temporal_port=port, temporal_ui_port=free_port())
     process = Process([*command(settings), "--headless", *extra], env=os.environ, log=data_dir / "temporal.log")
     return process, f"127.0.0.1:{port}"
+
+
+# -- issue 5 (recovery under faults): real executors, raw peers, the audit trail with its details ---------------
+
+EXECUTOR_APP = Path(__file__).with_name("executor_app.py")
+
+
+def dbos_executor(ws_url: str, key: str, app: str, sys_db: Path, log: Path, **extra: str) -> Process:
+    """A real ``dbos==3.2.0`` executor (tests/executor_app.py); ``extra`` is its environment (STEP_LOG, ...)."""
+    env = {"PATH": str(VENV_BIN), "RELAY_URL": ws_url, "RELAY_KEY": key, "APP_NAME": app, "SYS_DB": str(sys_db),
+           "APP_VERSION": "v1", "STEP_LOG": str(log.with_suffix(".steps")), **extra}
+    return Process([sys.executable, str(EXECUTOR_APP)], env=env, log=log)
+
+
+def workflow_status(sys_db: Path, workflow_id: str) -> str | None:
+    """A workflow's status in a DBOS SQLite system database (None until the row exists)."""
+    if not sys_db.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(sys_db, timeout=10)) as db:
+        row = db.execute("SELECT status FROM workflow_status WHERE workflow_uuid = ?", (workflow_id,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+@dataclass(frozen=True)
+class AuditRow:
+    operation: str
+    executor_id: str | None
+    emit_time: float  # epoch seconds
+    details: dict[str, object]
+
+
+def audit_rows(data_dir: Path, app: str, executor_id: str | None = None) -> list[AuditRow]:
+    """The app's audit rows, oldest first, read from Relay's database (so it works while no gateway runs)."""
+    from datetime import UTC, datetime
+
+    with contextlib.closing(sqlite3.connect(data_dir / "relay.db", timeout=10)) as db:
+        rows = db.execute("SELECT operation, executor_id, emit_time, details FROM auditlog WHERE app = ? "
+                          "ORDER BY emit_time", (app,)).fetchall()
+    out = [AuditRow(op, ex, datetime.fromisoformat(t).replace(tzinfo=UTC).timestamp(), json.loads(d or "{}"))
+           for op, ex, t, d in rows]
+    return [r for r in out if executor_id is None or r.executor_id == executor_id]
+
+
+def registry(data_dir: Path, app: str) -> dict[str, str]:
+    """Executor id → status, read from Relay's database (so it works while no gateway runs)."""
+    with contextlib.closing(sqlite3.connect(data_dir / "relay.db", timeout=10)) as db:
+        rows = db.execute("SELECT executor_id, status FROM executor WHERE app = ?", (app,)).fetchall()
+    return {str(ex): str(status) for ex, status in rows}
+
+
+DROP = "drop"  # what a RawPeer's answer function returns to close the socket instead of answering
+
+
+def healthy_answer(request: dict[str, object]) -> dict[str, object] | str | None:
+    """A healthy peer's answers: ``recovery`` succeeds and nothing stays pending."""
+    reply: dict[str, object] = {"type": request["type"], "request_id": request["request_id"], "error_message": None}
+    if request["type"] == "recovery":
+        reply["success"] = True
+    elif request["type"] == "exist_pending_workflows":
+        reply["exist"] = False
+    else:
+        reply["error_message"] = "Unknown message type"
+    return reply
+
+
+class RawPeer:
+    """A protocol client playing an executor in a thread: it answers ``executor_info``, then every request with
+    ``answer(request)`` (a reply; None: never answer; ``DROP``: close the socket), and reconnects with the same
+    executor id whenever the socket drops (e.g. a gateway restart), until ``stop()``. The websockets client
+    answers pings, so the gateway's liveness check never fires on it."""
+
+    def __init__(self, ws_url: str, app: str, key: str, executor_id: str, *, version: str = "v1",
+                 answer: object = healthy_answer, reconnect: bool = True) -> None:
+        import threading
+
+        assert callable(answer)
+        self.url = f"{ws_url}websocket/{app}/{key}"
+        self.executor_id, self.version, self._answer, self._reconnect = executor_id, version, answer, reconnect
+        self.requests: list[dict[str, object]] = []
+        self.handshakes = 0
+        self._stop = threading.Event()
+        self._ws: ClientConnection | None = None
+        self._thread = threading.Thread(target=self._run, name=f"raw-peer-{executor_id}", daemon=True)
+        self._thread.start()
+
+    def requests_of(self, kind: str) -> list[dict[str, object]]:
+        return [r for r in list(self.requests) if r["type"] == kind]
+
+    def _run(self) -> None:
+        from websockets.exceptions import ConnectionClosed, InvalidHandshake
+
+        while not self._stop.is_set():
+            try:
+                with connect(self.url, open_timeout=5) as ws:
+                    self._ws = ws
+                    if self._serve(ws) == DROP and not self._reconnect:
+                        return
+            except (OSError, ConnectionClosed, InvalidHandshake, TimeoutError):
+                pass
+            self._stop.wait(0.2)
+
+    def _serve(self, ws: ClientConnection) -> str | None:
+        while not self._stop.is_set():
+            try:
+                request = json.loads(ws.recv(timeout=0.2))
+            except TimeoutError:
+                continue
+            if request["type"] == "executor_info":
+                ws.send(json.dumps({"type": "executor_info", "request_id": request["request_id"],
+                                    "executor_id": self.executor_id, "application_version": self.version,
+                                    "hostname": "raw-peer", "language": "python", "dbos_version": "3.2.0",
+                                    "executor_metadata": None, "error_message": None}))
+                self.handshakes += 1
+                continue
+            self.requests.append(request)
+            reply = self._answer(request)
+            if reply == DROP:
+                ws.close()
+                return DROP
+            if reply is not None:
+                ws.send(json.dumps(reply))
+        return None
+
+    def stop(self) -> None:
+        """Close the socket normally (the gateway sees a disconnect at once) and end the thread."""
+        self._stop.set()
+        if self._ws is not None:
+            with contextlib.suppress(Exception):
+                self._ws.close()
+        self._thread.join(10)

@@ -80,7 +80,8 @@ UPSTREAM: dict[str, Shape] = {s.name: s for s in [
 ]}
 
 # Relay's additions, each of which Relay's spec must mark: properties, and values added to an upstream enum.
-EXTENSION_PROPERTIES = {"Token": {"appNames"}}
+EXTENSION_PROPERTIES = {"Token": {"appNames"}, "Application": {"crossVersionRecovery"},
+                        "PatchAppInputBody": {"crossVersionRecovery"}}
 EXTENSION_ENUM_VALUES = {("AuditSubject", "type"): {"system"}}
 
 ORG = {"minLength": 3, "maxLength": 30, "pattern": "^[a-z0-9_]+$"}

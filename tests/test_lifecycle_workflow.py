@@ -42,10 +42,11 @@ from workflows.inputs import (
     GetExecutorTimeoutInput,
     LifecycleResult,
     LifecycleState,
+    PeerAvailableSignal,
     RecoveryReply,
     SelectCandidateInput,
 )
-from workflows.lifecycle import BACKOFF_INITIAL, ExecutorLifecycleWorkflow
+from workflows.lifecycle import BACKOFF_INITIAL, BLOCKED_RECHECK, ExecutorLifecycleWorkflow
 
 
 @pytest.fixture
@@ -111,7 +112,8 @@ async def test_grace_expiry_dies_dispatches_confirms_and_deletes(relay: Relay) -
     assert dead.scheduled - disconnected.scheduled >= GRACE
     assert disconnected.input.details["grace_seconds"] == GRACE.total_seconds()
 
-    assert [c.input for c in fakes.selects] == [SelectCandidateInput(ORG, APP, VERSION, exclude=[relay.executor_id])]
+    assert [c.input for c in fakes.selects] == [
+        SelectCandidateInput(ORG, APP, VERSION, exclude=[relay.executor_id], dead_executor_id=relay.executor_id)]
     [dispatch] = fakes.dispatches
     assert dispatch.task_queue == peer.gateway_queue
     assert dispatch.input.executor_id == peer.executor_id
@@ -192,10 +194,10 @@ async def test_no_candidate_waits_then_recovers(relay: Relay) -> None:
 
     assert result == LifecycleResult(status="RECOVERED", recovered_by=fakes.peers[0].executor_id, attempts=1)
     assert len(fakes.selects) == 4
-    assert fakes.audits() == ["executor.recovery.waiting", "executor.recovery.dispatched",
+    assert fakes.audits() == ["executor.recovery.blocked", "executor.recovery.dispatched",
                               "executor.recovery.succeeded"]
     assert fakes.audit_calls[0].input.status == "failure"
-    # Exponential backoff between looks: at least 1 s, 2 s, 4 s.
+    # While blocked it looks again at least a backoff later (the periodic re-check; no peer signalled).
     times = [c.scheduled for c in fakes.selects]
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
     assert all(gap >= BACKOFF_INITIAL * 2**n for n, gap in enumerate(gaps)), gaps
@@ -218,7 +220,7 @@ async def test_only_peer_fails_then_is_retried_after_backoff(relay: Relay) -> No
     assert [c.input.exclude for c in fakes.selects] == [
         [relay.executor_id], [relay.executor_id, only.executor_id], [relay.executor_id]]
     # Every peer having failed once is not "no candidate": nothing to alert about.
-    assert "executor.recovery.waiting" not in fakes.audits()
+    assert "executor.recovery.blocked" not in fakes.audits()
 
 
 async def test_audit_and_status_rows_carry_one_event_key_per_event(relay: Relay) -> None:
@@ -363,13 +365,13 @@ async def test_reconnect_during_recovery_registers_afresh_after_it(relay: Relay)
 
     def recovering() -> None:
         assert fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]
-        assert fakes.selects and "executor.recovery.waiting" in fakes.audits()
+        assert fakes.selects and "executor.recovery.blocked" in fakes.audits()
 
     await assert_eventually(recovering)
     first_run = (await relay.latest.describe()).run_id
     await relay.connect("c2")  # back while its workflows are being handed over: that cannot be taken back
     fakes.peers_available = True
-    await relay.env.sleep(timedelta(minutes=1))  # past any backoff
+    await relay.env.sleep(BLOCKED_RECHECK + timedelta(minutes=1))  # past the blocked re-check
 
     await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, HEALTHY)
     [delete] = fakes.deletes
@@ -472,3 +474,21 @@ async def test_app_gone_when_the_grace_starts_ends_the_workflow(relay: Relay) ->
     assert relay.fakes.statuses() == [HEALTHY]
     [delete] = relay.fakes.deletes
     assert delete.input.details["reason"] == "app no longer exists"
+
+
+async def test_a_peer_becoming_healthy_wakes_a_blocked_recovery(relay: Relay) -> None:
+    fakes = relay.fakes
+    fakes.candidate_script = [None]  # the first look finds no peer of the version; the next finds one
+    fakes.grace = timedelta(milliseconds=300)  # on the wall clock, whether or not time skips here
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    def blocked() -> None:
+        assert fakes.audits() == ["executor.recovery.blocked"]
+
+    await assert_eventually(blocked)
+    await relay.latest.signal(ExecutorLifecycleWorkflow.peer_available, PeerAvailableSignal("peer-x", VERSION))
+    assert (await relay.result()).status == "RECOVERED"
+    first, second = (c.scheduled for c in fakes.selects[:2])
+    assert second - first < BLOCKED_RECHECK  # woken by the signal, not by the periodic re-check

@@ -254,7 +254,7 @@ def test_delete_app_ends_every_executor_without_recovery(relay: Relay, store: St
     # Each lifecycle ended by removal: records gone, and the dead one's recovery was never dispatched.
     wait_until(lambda: _registry(store, app) == {}, timeout=10, what="executor records deleted")
     operations = [op for op, _ in relay.audit(app)]
-    assert "executor.recovery.waiting" in operations and "executor.recovery.dispatched" not in operations
+    assert "executor.recovery.blocked" in operations and "executor.recovery.dispatched" not in operations
 
 
 def test_delete_unknown_app_is_404(relay: Relay) -> None:

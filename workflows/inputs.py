@@ -89,6 +89,14 @@ class RemovedSignal:
 
 
 @dataclass
+class PeerAvailableSignal:
+    """An executor of the app became HEALTHY: a recovery waiting for a peer may look again now."""
+
+    executor_id: str
+    app_version: str = ""
+
+
+@dataclass
 class LifecycleState:
     """What continue-as-new carries from one run to the next."""
 
@@ -150,12 +158,17 @@ class SelectCandidateInput:
     app: str
     app_version: str
     exclude: list[str] = field(default_factory=list)
+    # The executor being recovered: the chosen peer is recorded as carrying its recovery (load spreading).
+    dead_executor_id: str = ""
 
 
 @dataclass
 class Candidate:
     executor_id: str
     gateway_queue: str
+    app_version: str = ""
+    # True when the app allows cross-version recovery and no peer of the dead executor's version was HEALTHY.
+    cross_version: bool = False
 
 
 @dataclass

@@ -8,6 +8,7 @@ for a connection that is not the current one is stale (an old socket noticed lat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable
 from datetime import timedelta
 from typing import TypeVar
@@ -30,6 +31,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleInput,
         LifecycleResult,
         LifecycleState,
+        PeerAvailableSignal,
         RecordStatusInput,
         RecoveryReply,
         RemovedSignal,
@@ -48,8 +50,12 @@ class _Removed(Exception):
     """Raised inside the run when a ``removed`` signal ends the workflow's business."""
 
 DB_ACTIVITY_TIMEOUT = timedelta(seconds=30)
-# A gateway that vanished never picks the task up: notice it fast instead of waiting out the reply timeout.
+# A gateway that vanished never picks the task up, or stops heartbeating mid-request: notice it in seconds
+# instead of waiting out the reply timeout.
 SOCKET_SCHEDULE_TO_START = timedelta(seconds=10)
+SOCKET_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
+# With no peer of the right version, look again this often at most; a peer becoming HEALTHY wakes it at once.
+BLOCKED_RECHECK = timedelta(minutes=5)
 BACKOFF_INITIAL = timedelta(seconds=1)
 BACKOFF_MAX = timedelta(seconds=30)
 # Dedup keys kept per run; signals are retried within seconds, so a short memory is enough.
@@ -69,6 +75,8 @@ class ExecutorLifecycleWorkflow:
         self._signals_this_run = 0
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
+        self._peer_hint = False
+        self._recovery_note = ""
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -89,6 +97,11 @@ class ExecutorLifecycleWorkflow:
         if current.connection_id != self._state.recorded_connection_id:
             self._state.unrecorded = current
         self._state.connection = None
+
+    @workflow.signal
+    def peer_available(self, signal: PeerAvailableSignal) -> None:
+        """A peer became HEALTHY: if recovery is blocked waiting for one, look now. Idempotent, so no dedup."""
+        self._peer_hint = True
 
     @workflow.signal
     def removed(self, signal: RemovedSignal) -> None:
@@ -213,6 +226,7 @@ class ExecutorLifecycleWorkflow:
                 details={"connection_id": state.recorded_connection_id, "grace_seconds": grace.total_seconds()},
             )
             state.grace_deadline = workflow.now() + grace
+            self._describe("")
         remaining = state.grace_deadline - workflow.now()
         if remaining <= timedelta(0):
             return True
@@ -245,36 +259,51 @@ class ExecutorLifecycleWorkflow:
         return result
 
     async def _recover(self) -> tuple[Candidate, int]:
-        """Dispatch ``recovery`` to a HEALTHY peer of the same version until one confirms it; never give up."""
+        """Dispatch ``recovery`` to a HEALTHY peer until one confirms it; never give up while the app exists."""
         i = self._input
         version = self._version()
         backoff = BACKOFF_INITIAL
         failed: list[str] = []
         attempt = 0
-        waiting_audited = False
+        blocked = False
         while True:
             if self._should_continue_as_new():
                 # A long wait for a peer must not grow history without bound: the next run resumes recovery.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._next_input(self._state))
+            self._peer_hint = False
             candidate: Candidate | None = await workflow.execute_activity(
                 Activity.SELECT_CANDIDATE,
-                SelectCandidateInput(i.org, i.app, version, exclude=[i.executor_id, *failed]),
+                SelectCandidateInput(i.org, i.app, version, exclude=[i.executor_id, *failed],
+                                     dead_executor_id=i.executor_id),
                 result_type=Candidate | None,  # type: ignore[arg-type]
                 start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
             )
-            if candidate is None:
-                if failed:
-                    failed.clear()  # every peer failed once: try them again after the backoff
-                elif not waiting_audited:
-                    await self._audit("executor.recovery.waiting", "failure",
-                                      {"reason": f"no HEALTHY executor of version {version!r}"})
-                    waiting_audited = True
-                backoff = await self._backoff(backoff, "no candidate")
+            if candidate is None and failed:
+                failed.clear()  # every peer failed once: try them all again after the backoff
+                backoff = await self._backoff(backoff, "every peer failed once")
                 continue
+            if candidate is None:
+                if not blocked:
+                    # Alert once per blocked stretch; the workflow's details say so for as long as it lasts.
+                    reason = f"no HEALTHY executor of version {version!r}"
+                    await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
+                    self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
+                    blocked = True
+                with contextlib.suppress(TimeoutError):
+                    await workflow.wait_condition(lambda: self._peer_hint, timeout=BLOCKED_RECHECK,
+                                                  timeout_summary="waiting for a HEALTHY peer")
+                continue
+            blocked = False
             attempt += 1
             request_id = str(workflow.uuid4())
-            details = {"candidate": candidate.executor_id, "attempt": attempt, "request_id": request_id}
+            details: dict[str, object] = {"candidate": candidate.executor_id, "attempt": attempt,
+                                          "request_id": request_id}
+            if candidate.cross_version:
+                details.update(cross_version=True, candidate_version=candidate.app_version,
+                               note="current SDKs recover only their own version's workflows; confirmation "
+                                    "may keep failing")
+            self._describe(f"recovery via `{candidate.executor_id}`, attempt {attempt}")
             await self._audit("executor.recovery.dispatched", "success", details)
             error = await self._attempt(candidate, request_id, attempt)
             if error is None:
@@ -303,6 +332,7 @@ class ExecutorLifecycleWorkflow:
                                       org=i.org, app=i.app),
                 result_type=RecoveryReply, task_queue=candidate.gateway_queue, retry_policy=once,
                 schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
+                heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
                 summary=f"recovery via {candidate.executor_id} attempt {attempt}",
             )
             if not reply.success:
@@ -313,6 +343,7 @@ class ExecutorLifecycleWorkflow:
                                   request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app),
                 result_type=ExistPendingReply, task_queue=candidate.gateway_queue, retry_policy=once,
                 schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
+                heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
                 summary=f"confirm recovery via {candidate.executor_id}",
             )
         except ActivityError as err:
@@ -348,6 +379,7 @@ class ExecutorLifecycleWorkflow:
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
         )
         self._state.status = status
+        self._describe("")
         if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
             workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status)])
@@ -360,6 +392,17 @@ class ExecutorLifecycleWorkflow:
                             dict(details)),
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
         )
+
+    def _describe(self, note: str) -> None:
+        """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""
+        state = self._state
+        lines = [f"**{state.status}** — executor `{self._input.executor_id}` of "
+                 f"`{self._input.org}/{self._input.app}`, version `{state.app_version}`"]
+        if state.status == DISCONNECTED and state.grace_deadline is not None:
+            lines.append(f"grace ends {state.grace_deadline.isoformat()}")
+        if note:
+            lines.append(note)
+        workflow.set_current_details("\n\n".join(lines))
 
     def _event_key(self, operation: str) -> str:
         # workflow.uuid4() is replay-safe, so a retried activity carries the same key and lands once.
