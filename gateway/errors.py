@@ -55,6 +55,10 @@ class ProtocolError(RelayError):
     title = "Protocol Error"
     close_code = 1002
 
+    def __init__(self, detail: str, *, request_id: str | None = None) -> None:
+        super().__init__(detail)
+        self.request_id = request_id  # the request the bad reply answers, when that much could be read
+
 
 class ExecutorUnavailableError(RelayError):
     """The executor has no socket on this gateway (never had, or it closed)."""

@@ -49,6 +49,12 @@ class Connection:
         if waiter is not None and not waiter.done():
             waiter.set_result(reply)
 
+    def fail(self, request_id: str, error: Exception) -> None:
+        """A reply came but was unusable: the waiting request fails now instead of at its timeout."""
+        waiter = self._waiters.get(request_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(error)
+
     def lost(self) -> None:
         """The socket closed: every request still waiting fails now, not at its timeout."""
         self.session.close()

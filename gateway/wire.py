@@ -80,7 +80,9 @@ def parse_reply(
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "frame"
-        raise ProtocolError(f"{data.get('type')!s} reply: {where}: {first['msg']}") from None
+        request_id = data.get("request_id")
+        raise ProtocolError(f"{data.get('type')!s} reply: {where}: {first['msg']}",
+                            request_id=request_id if isinstance(request_id, str) else None) from None
 
 
 def executor_info_request(request_id: str) -> str:

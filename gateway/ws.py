@@ -27,6 +27,7 @@ from workflows.inputs import ConnectedSignal, ExecutorInfo
 log = logging.getLogger("relay.gateway")
 router = APIRouter()
 _app_name = re.compile(APP_PATTERN)
+MALFORMED_AUDITED = 20  # per connection, before audit rows for malformed frames are rate-limited
 
 
 @router.websocket("/websocket/{app_name}/{key}")
@@ -109,7 +110,7 @@ async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_i
         if not await gw.signal_connected(org, app, signal):
             await _close(websocket, 1011, "could not register the connection; retry")
             return
-        await _read_loop(websocket, conn)
+        await _read_loop(gw, websocket, conn)
     finally:
         gw.hub.detach(conn)
         gw.spawn_disconnected(org, app, info.executor_id, conn.connection_id)
@@ -123,7 +124,8 @@ async def _handshake(gw: Gateway, websocket: WebSocket, session: sm.Session) -> 
                 return event
 
 
-async def _read_loop(websocket: WebSocket, conn: Connection) -> None:
+async def _read_loop(gw: Gateway, websocket: WebSocket, conn: Connection) -> None:
+    malformed = 0
     while True:
         try:
             frame = await _next_frame(websocket)
@@ -132,8 +134,18 @@ async def _read_loop(websocket: WebSocket, conn: Connection) -> None:
         try:
             event = conn.session.receive(frame)
         except ProtocolError as err:
-            # A malformed reply must not bring the connection down with it: log, and keep serving.
-            log.warning("malformed frame from executor %s: %s", conn.executor_id, err.detail)
+            # A malformed reply must not bring the connection down with it: the request it answers (if that
+            # much could be read) fails now; the frame is logged and audited (the first ones of a connection,
+            # then at most one a minute, so a broken executor cannot flood the audit log) and serving goes on.
+            malformed += 1
+            if err.request_id is not None:
+                conn.fail(err.request_id, err)
+            if malformed <= MALFORMED_AUDITED or gw.admission.should_report(conn.connection_id, "malformed"):
+                log.warning("malformed frame from executor %s: %s", conn.executor_id, err.detail)
+                await asyncio.to_thread(
+                    gw.store.write_audit, org=conn.org, app=conn.app, executor_id=conn.executor_id,
+                    operation="executor.protocol_error", status="failure",
+                    details={"reason": err.detail, "connection_id": conn.connection_id, "count": malformed})
             continue
         if isinstance(event, sm.Reply):
             conn.deliver(event)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import sys
 import time
 from collections.abc import Iterator
@@ -142,12 +143,11 @@ def test_malformed_handshake_reply_closes_and_is_audited(fast: Relay, reply: str
     wait_until(lambda: any(reason in (d or "") for d in _protocol_errors(fast)), timeout=5, what="audit row")
 
 
-def _protocol_errors(relay: Relay) -> list[str]:
-    import sqlite3
-
+def _protocol_errors(relay: Relay, executor_id: str | None = None) -> list[str]:
     with sqlite3.connect(relay.data_dir / "relay.db") as db:
-        rows = db.execute("SELECT details FROM auditlog WHERE operation = 'executor.protocol_error'").fetchall()
-    return [json.loads(r[0])["reason"] for r in rows]
+        rows = db.execute("SELECT details, executor_id FROM auditlog WHERE operation = 'executor.protocol_error' "
+                          "ORDER BY emit_time").fetchall()
+    return [json.loads(d)["reason"] for d, ex in rows if executor_id is None or ex == executor_id]
 
 
 def test_oversize_frame_closes_with_1009(fast: Relay) -> None:
@@ -205,3 +205,20 @@ def test_sigstopped_dbos_executor_disconnects_at_ping_wait_then_reconnects(fast:
     finally:
         os.kill(executor.pid, signal.SIGCONT)
         executor.stop()
+
+
+def test_malformed_frame_after_the_handshake_is_audited_and_the_socket_stays(fast: Relay) -> None:
+    client = RawClient(_url(fast))
+    try:
+        client.handshake("garbler-1")
+        wait_until(lambda: _status(fast, "garbler-1") == "HEALTHY", timeout=5, what="HEALTHY")
+        client.send_text("{this is not json")
+        client.send_text(json.dumps({"type": "exist_pending_workflows", "request_id": "r-1"}))  # no `exist`
+        wait_until(lambda: len(_protocol_errors(fast, "garbler-1")) == 2, timeout=5, what="both audited")
+        first, second = _protocol_errors(fast, "garbler-1")
+        assert "invalid JSON" in first and "exist" in second
+        time.sleep(0.3)
+        assert _status(fast, "garbler-1") == "HEALTHY"
+        client.send_ping()  # the socket is still served
+    finally:
+        client.close()
