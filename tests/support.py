@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -98,6 +98,11 @@ class Relay:
     ws_url: str
     key: str
     data_dir: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def temporal_address(self) -> str:
+        return self.env.get("RELAY_TEMPORAL_ADDRESS") or f"127.0.0.1:{self.env['RELAY_TEMPORAL_PORT']}"
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=10)
@@ -125,7 +130,7 @@ def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> 
         process.stop()
         raise AssertionError(process.output()[-3000:]) from None
     key = (data_dir / "dev-key").read_text().strip()
-    return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir)
+    return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir, env)
 
 
 @pytest.fixture(scope="session")
