@@ -18,6 +18,7 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
 	$(PY) -m pytest -q
 
 lint: $(STAMP)

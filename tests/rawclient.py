@@ -41,7 +41,7 @@ class RawClient:
         for event in self.protocol.events_received():
             if isinstance(event, Response):
                 self.response = event
-            else:
+            elif isinstance(event, Frame):
                 self.events.append(event)
         return bool(data)
 
@@ -55,7 +55,7 @@ class RawClient:
             for i, frame in enumerate(self.events):
                 if frame.opcode is Opcode.TEXT:
                     del self.events[i]
-                    parsed: dict[str, Any] = json.loads(frame.data)
+                    parsed: dict[str, Any] = json.loads(bytes(frame.data))
                     return parsed
             if not self._read():
                 raise ConnectionError("closed")
