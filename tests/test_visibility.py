@@ -38,3 +38,15 @@ def test_dead_executors_and_recoveries_in_progress_are_one_query_away(relay: Rel
         assert healthy == {alive}
     with relay.api() as api:  # end both workflows, so nothing of this test keeps running
         assert api.delete(f"/v2/orgs/local/apps/{app}").status_code == 204
+
+
+def test_metrics_count_executors_of_the_callers_org_only(relay: Relay) -> None:
+    app = "metered-app"
+    with relay.api() as api:
+        api.put(f"/v2/orgs/local/apps/{app}")
+        assert api.get("/metrics", headers={"Authorization": ""}).status_code == 401
+        with play_executor(relay, app, "metered-1"):
+            wait_until(lambda: relay.executors(app).get("metered-1") == "HEALTHY", timeout=10, what="HEALTHY")
+            text = api.get("/metrics").text
+    assert f'relay_executors{{org="local",app="{app}",status="HEALTHY"}} 1' in text
+    assert "relay_gateway_connections" in text and 'org="fuzz"' not in text

@@ -1,0 +1,48 @@
+"""``GET /metrics``: Prometheus text for what an operator alerts on — executors per status (a DEAD executor is a
+recovery in progress or blocked), sockets held by this gateway, and refused handshakes not reported.
+
+Bearer-authenticated like the REST API (Prometheus sends ``authorization: bearer``), and scoped to the key's
+org: org isolation holds here too."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from fastapi import APIRouter, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import PlainTextResponse
+from sqlmodel import Session, select
+
+from gateway.api_common import Credentials
+from gateway.errors import AuthError
+from gateway.models import Executor
+from gateway.runtime import Gateway
+from gateway.store import Store
+
+router = APIRouter(tags=["Health"])
+
+
+def _executor_counts(store: Store, org: str) -> Counter[tuple[str, str, str]]:
+    with Session(store.engine) as s:
+        rows = s.exec(select(Executor.org, Executor.app, Executor.status).where(Executor.org == org)).all()
+    return Counter((org, app, str(status)) for org, app, status in rows)
+
+
+@router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
+            include_in_schema=False)
+async def metrics(request: Request, credentials: Credentials) -> PlainTextResponse:
+    store: Store = request.app.state.store
+    gateway: Gateway = request.app.state.gateway
+    if credentials is None:
+        raise AuthError("missing bearer token")
+    principal = await run_in_threadpool(store.authenticate, credentials.credentials)
+    counts = await run_in_threadpool(_executor_counts, store, principal.org)
+    lines = ["# HELP relay_executors Executors in the registry, by status.", "# TYPE relay_executors gauge"]
+    lines += [f'relay_executors{{org="{org}",app="{app}",status="{status}"}} {n}'
+              for (org, app, status), n in sorted(counts.items())]
+    lines += ["# HELP relay_gateway_connections Executor sockets held by this gateway process.",
+              "# TYPE relay_gateway_connections gauge", f"relay_gateway_connections {len(gateway.hub)}",
+              "# HELP relay_refusals_suppressed_total Refused handshakes not logged (rate limit).",
+              "# TYPE relay_refusals_suppressed_total counter",
+              f"relay_refusals_suppressed_total {gateway.admission.suppressed}"]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
