@@ -46,7 +46,8 @@ from workflows.inputs import (
     RecoveryReply,
     SelectCandidateInput,
 )
-from workflows.lifecycle import BACKOFF_INITIAL, BLOCKED_RECHECK, ExecutorLifecycleWorkflow
+from workflows.lifecycle import BLOCKED_RECHECK, ExecutorLifecycleWorkflow
+from workflows.timing import BACKOFF_INITIAL
 
 
 @pytest.fixture

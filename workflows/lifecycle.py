@@ -17,6 +17,14 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, CancelledError
 
+from workflows import timing
+from workflows.timing import (
+    BACKOFF_INITIAL,
+    DB_ACTIVITY_TIMEOUT,
+    SOCKET_HEARTBEAT_TIMEOUT,
+    SOCKET_SCHEDULE_TO_START,
+)
+
 with workflow.unsafe.imports_passed_through():
     from workflows.inputs import (
         Activity,
@@ -49,15 +57,8 @@ RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
 class _Removed(Exception):
     """Raised inside the run when a ``removed`` signal ends the workflow's business."""
 
-DB_ACTIVITY_TIMEOUT = timedelta(seconds=30)
-# A gateway that vanished never picks the task up, or stops heartbeating mid-request: notice it in seconds
-# instead of waiting out the reply timeout.
-SOCKET_SCHEDULE_TO_START = timedelta(seconds=10)
-SOCKET_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # With no peer of the right version, look again this often at most; a peer becoming HEALTHY wakes it at once.
 BLOCKED_RECHECK = timedelta(minutes=5)
-BACKOFF_INITIAL = timedelta(seconds=1)
-BACKOFF_MAX = timedelta(seconds=30)
 # Dedup keys kept per run; signals are retried within seconds, so a short memory is enough.
 SEEN_SIGNAL_IDS_KEPT = 256
 # Continue-as-new after this many signals even if the server has not suggested it yet.
@@ -281,7 +282,7 @@ class ExecutorLifecycleWorkflow:
             )
             if candidate is None and failed:
                 failed.clear()  # every peer failed once: try them all again after the backoff
-                backoff = await self._backoff(backoff, "every peer failed once")
+                backoff = await timing.backoff(backoff, "every peer failed once")
                 continue
             if candidate is None:
                 if not blocked:
@@ -317,7 +318,7 @@ class ExecutorLifecycleWorkflow:
                 return candidate, attempt
             await self._audit("executor.recovery.failed", "failure", {**details, "reason": error})
             failed.append(candidate.executor_id)
-            backoff = await self._backoff(backoff, f"after attempt {attempt}")
+            backoff = await timing.backoff(backoff, f"after attempt {attempt}")
 
     async def _attempt(self, candidate: Candidate, request_id: str, attempt: int) -> str | None:
         """One recovery attempt through the candidate's gateway. Returns the failure reason, or None."""
@@ -355,11 +356,6 @@ class ExecutorLifecycleWorkflow:
         if confirm.exist:
             return "pending workflows remain after recovery"
         return None
-
-    async def _backoff(self, current: timedelta, why: str) -> timedelta:
-        jitter = current * workflow.random().uniform(0, 0.2)
-        await workflow.sleep(current + jitter, summary=f"backoff {current.total_seconds():g} s {why}")
-        return min(current * 2, BACKOFF_MAX)
 
     def _version(self) -> str:
         return self._state.app_version

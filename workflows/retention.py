@@ -20,6 +20,13 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, WorkflowAlreadyStartedError
 
+from workflows import timing
+from workflows.timing import (
+    BACKOFF_INITIAL,
+    DB_ACTIVITY_TIMEOUT,
+    SOCKET_SCHEDULE_TO_START,
+)
+
 with workflow.unsafe.imports_passed_through():
     from workflows.inputs import (
         Activity,
@@ -40,11 +47,6 @@ with workflow.unsafe.imports_passed_through():
 
 SUCCEEDED, SKIPPED, NOTHING_SET = "SUCCEEDED", "SKIPPED", "NOTHING_SET"
 
-DB_ACTIVITY_TIMEOUT = timedelta(seconds=30)
-# A gateway that vanished never picks the task up: notice it fast instead of waiting out the reply timeout.
-SOCKET_SCHEDULE_TO_START = timedelta(seconds=10)
-BACKOFF_INITIAL = timedelta(seconds=1)
-BACKOFF_MAX = timedelta(seconds=30)
 # Scheduled rounds start a little after their nominal time, each by a different delay; "recent" ends this much
 # before a full interval so that jitter never makes a scheduled round look recent to the one before it.
 RECENT_SLACK_MAX = timedelta(seconds=30)
@@ -201,7 +203,7 @@ class AppRetentionWorkflow:
             if workflow.now() + backoff > deadline:
                 return await self._skip(f"no executor started the round in {attempt} attempts; the next round "
                                         "tries again", attempts=attempt)
-            backoff = await self._backoff(backoff)
+            backoff = await timing.backoff(backoff)
 
     async def _attempt(self, candidate: Candidate, request_id: str, attempt: int) -> str | None:
         """One ``retention`` request through the candidate's gateway. Returns the failure reason, or None."""
@@ -228,11 +230,6 @@ class AppRetentionWorkflow:
     async def _skip(self, reason: str, *, attempts: int, status: str = "failure") -> AppRetentionResult:
         await self._audit("retention.skipped", status, None, {"reason": reason})
         return AppRetentionResult(SKIPPED, attempts=attempts, reason=reason)
-
-    async def _backoff(self, current: timedelta) -> timedelta:
-        jitter = current * workflow.random().uniform(0, 0.2)
-        await workflow.sleep(current + jitter, summary=f"backoff {current.total_seconds():g} s")
-        return min(current * 2, BACKOFF_MAX)
 
     async def _audit(self, operation: str, status: str, executor_id: str | None, details: dict[str, object], *,
                      started: bool = False) -> None:
