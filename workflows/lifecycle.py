@@ -77,7 +77,6 @@ class ExecutorLifecycleWorkflow:
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
-        self._recovery_note = ""
 
     # -- signals -------------------------------------------------------------------------------------------
 
