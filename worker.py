@@ -20,6 +20,7 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 from temporalio.worker import Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
@@ -35,12 +36,26 @@ from workflows.retention import AppRetentionWorkflow, RetentionWorkflow
 log = logging.getLogger("relay.worker")
 
 
+# Every executor is a long-lived workflow: keep a whole fleet cached, so a signal does not replay its history.
+MAX_CACHED_WORKFLOWS = 20_000
+# A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this long
+# they go back to the shared queue, so timers of a restarted Relay fire about on time (the default is 10 s).
+STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
+
+
 def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_QUEUE) -> Worker:
     return Worker(
         client,
         task_queue=task_queue,
         workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow],
         activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all()],
+        max_cached_workflows=MAX_CACHED_WORKFLOWS,
+        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        # Relay's own typed inputs and pydantic are safe to share with the sandbox: not re-importing them for
+        # every workflow run is most of the cost of starting one (measured in the connect-storm benchmark).
+        workflow_runner=SandboxedWorkflowRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.inputs",
+                                                                             "workflows.timing")),
     )
 
 

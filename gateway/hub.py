@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import TypeVar
 
 from gateway import session as sm
 from gateway.errors import ExecutorTimeoutError, ExecutorUnavailableError
@@ -12,16 +14,22 @@ from gateway.errors import ExecutorTimeoutError, ExecutorUnavailableError
 Send = Callable[[str], Awaitable[None]]
 Close = Callable[[int, str], Awaitable[None]]
 
+K = TypeVar("K")
 SUPERSEDED_CLOSE_CODE = 4000  # private-use range: "another connection of this executor replaced this one"
 
 
 class Connection:
     """One executor socket, after its handshake."""
 
+    __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "_send", "_close",
+                 "_waiters")
+
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
-                 send: Send, close: Close, key_id: str = "") -> None:
+                 send: Send, close: Close, key_id: str = "", app_id: str = "") -> None:
         self.connection_id = connection_id
         self.key_id = key_id  # the API key it authenticated with: revoking that key closes this socket
+        # The id of the app it joined: an app deleted and registered again has a new id, and this socket must go.
+        self.app_id = app_id
         self.org = org
         self.app = app
         self.executor_id = executor_id
@@ -70,8 +78,14 @@ ConnectionKey = tuple[str, str, str]  # org, app, executor id: ids are chosen by
 
 
 class Hub:
+    """Connections by executor, indexed by key and by app so that revocation checks cost per key and per app,
+    not per socket."""
+
     def __init__(self) -> None:
         self._connections: dict[ConnectionKey, Connection] = {}
+        self._by_key: dict[str, set[Connection]] = {}
+        self._by_app: dict[tuple[str, str], set[Connection]] = {}
+        self._app_ids: dict[tuple[str, str], Counter[str]] = {}
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -80,14 +94,31 @@ class Hub:
         """Make ``conn`` the executor's current connection; returns the one it supersedes, if any."""
         key = (conn.org, conn.app, conn.executor_id)
         old = self._connections.get(key)
+        if old is not None:
+            self._unindex(old)
         self._connections[key] = conn
+        self._by_key.setdefault(conn.key_id, set()).add(conn)
+        self._by_app.setdefault((conn.org, conn.app), set()).add(conn)
+        self._app_ids.setdefault((conn.org, conn.app), Counter())[conn.app_id] += 1
         return old
 
     def detach(self, conn: Connection) -> None:
         key = (conn.org, conn.app, conn.executor_id)
         if self._connections.get(key) is conn:
             del self._connections[key]
+            self._unindex(conn)
         conn.lost()
+
+    def _unindex(self, conn: Connection) -> None:
+        _discard(self._by_key, conn.key_id, conn)
+        _discard(self._by_app, (conn.org, conn.app), conn)
+        ids = self._app_ids.get((conn.org, conn.app))
+        if ids is not None:
+            ids[conn.app_id] -= 1
+            if ids[conn.app_id] <= 0:
+                del ids[conn.app_id]
+            if not ids:
+                del self._app_ids[(conn.org, conn.app)]
 
     def get(self, org: str, app: str, executor_id: str) -> Connection:
         conn = self._connections.get((org, app, executor_id))
@@ -97,3 +128,27 @@ class Hub:
 
     def connections(self) -> list[Connection]:
         return list(self._connections.values())
+
+    def key_ids(self) -> set[str]:
+        return set(self._by_key)
+
+    def apps(self) -> set[tuple[str, str]]:
+        return set(self._by_app)
+
+    def with_key(self, key_id: str) -> list[Connection]:
+        return list(self._by_key.get(key_id, ()))
+
+    def app_ids_in(self, org: str, app: str) -> set[str]:
+        """The app ids the app's sockets joined under (one, unless the app was deleted and registered again)."""
+        return set(self._app_ids.get((org, app), ()))
+
+    def in_app(self, org: str, app: str) -> list[Connection]:
+        return list(self._by_app.get((org, app), ()))
+
+
+def _discard(index: dict[K, set[Connection]], key: K, conn: Connection) -> None:
+    group = index.get(key)
+    if group is not None:
+        group.discard(conn)
+        if not group:
+            del index[key]

@@ -12,6 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Field, SQLModel, create_engine
 
 
@@ -148,5 +149,12 @@ def make_engine(url: str) -> Engine:
             cur.close()
     else:
         engine = create_engine(url, pool_pre_ping=True)
-    SQLModel.metadata.create_all(engine)
+    try:
+        SQLModel.metadata.create_all(engine)
+    except OperationalError as err:
+        # `relay worker` and `relay gateway` started together on a new database both create the tables; the
+        # loser sees "already exists". Once more: create_all skips tables that exist.
+        if "already exists" not in str(err):
+            raise
+        SQLModel.metadata.create_all(engine)
     return engine

@@ -46,33 +46,34 @@ async def _close(conns: list[Connection], code: int, reason: str) -> int:
 
 
 class Watcher:
-    """Checks this process's sockets against the database: revoked keys, deleted (or re-created) apps."""
+    """Checks this process's sockets against the database: revoked keys, deleted (or re-created) apps.
+
+    A sweep costs two small queries and work per key and per app held, not per socket: it runs every half second
+    on a gateway holding thousands of idle executors.
+    """
 
     def __init__(self, *, store: Store, hub: Hub) -> None:
         self._store = store
         self._hub = hub
-        # The app id each socket was first seen with: an app deleted and registered again (by a reconnecting
-        # executor, say) has a new id, and a socket of the old one must still close.
-        self._app_id: dict[str, str] = {}
 
     async def sweep(self) -> int:
         """One check; returns how many sockets it closed."""
-        conns = self._hub.connections()
-        live = {c.connection_id for c in conns}
-        self._app_id = {k: v for k, v in self._app_id.items() if k in live}
-        if not conns:
+        key_ids, apps = self._hub.key_ids() - {""}, self._hub.apps()
+        if not apps:
             return 0
-        revoked = await asyncio.to_thread(self._store.revoked_key_ids, {c.key_id for c in conns if c.key_id})
-        app_ids = await asyncio.to_thread(self._store.app_ids, {(c.org, c.app) for c in conns})
-        closed = await _close([c for c in conns if c.key_id in revoked], AuthError.close_code, REVOKED_REASON)
+        revoked = await asyncio.to_thread(self._store.revoked_key_ids, key_ids)
+        app_ids = await asyncio.to_thread(self._store.app_ids, apps)
+        doomed = [c for key_id in revoked for c in self._hub.with_key(key_id)]
+        closed = await _close(doomed, AuthError.close_code, REVOKED_REASON)
         gone = []
-        for conn in conns:
-            if conn.key_id in revoked:
-                continue
-            current = app_ids.get((conn.org, conn.app))
-            first = self._app_id.setdefault(conn.connection_id, current or "")
-            if current is None or current != first:
-                gone.append(conn)
+        for org, app in apps:
+            current = app_ids.get((org, app))
+            if current is None:
+                gone += self._hub.in_app(org, app)
+            elif self._hub.app_ids_in(org, app) - {current, ""}:
+                # A socket accepted before the app was deleted and registered again belongs to the old app.
+                gone += [c for c in self._hub.in_app(org, app) if c.app_id and c.app_id != current]
+        gone = [c for c in gone if c.key_id not in revoked]
         return closed + await _close(gone, ForbiddenError.close_code, APP_DELETED_REASON)
 
 

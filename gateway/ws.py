@@ -11,6 +11,7 @@ import contextlib
 import logging
 import re
 import uuid
+from dataclasses import dataclass
 
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from starlette.websockets import WebSocketState
@@ -54,10 +55,10 @@ async def executor_socket(websocket: WebSocket, app_name: str, key: str) -> None
         await _refuse(gw, websocket, err, app=app_name, org=org, source_ip=source_ip)
         return
     try:
-        await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name,
-                                subject=subject_of(principal), source_ip=source_ip)
+        application, _ = await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name,
+                                                 subject=subject_of(principal), source_ip=source_ip)
         await websocket.accept()
-        await _serve(gw, websocket, principal.org, app_name, source_ip, principal.key_id)
+        await _serve(gw, websocket, Joined(principal.org, app_name, application.id, principal.key_id, source_ip))
     finally:
         gw.admission.release(principal.key_id)
 
@@ -75,7 +76,19 @@ async def _refuse(gw: Gateway, websocket: WebSocket, err: RelayError, *, app: st
     await websocket.send_denial_response(relay_problem(err))
 
 
-async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_ip: str, key_id: str) -> None:
+@dataclass(frozen=True)
+class Joined:
+    """Who a socket is, once admitted: its org and app (and the app's id), its key, its address."""
+
+    org: str
+    app: str
+    app_id: str
+    key_id: str
+    source_ip: str
+
+
+async def _serve(gw: Gateway, websocket: WebSocket, joined: Joined) -> None:
+    org, app, source_ip = joined.org, joined.app, joined.source_ip
     session = sm.Session()
     await websocket.send_text(session.start())
     try:
@@ -92,7 +105,7 @@ async def _serve(gw: Gateway, websocket: WebSocket, org: str, app: str, source_i
         return
     info = handshake.info
     conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
-                      session=session, send=websocket.send_text, key_id=key_id,
+                      session=session, send=websocket.send_text, key_id=joined.key_id, app_id=joined.app_id,
                       close=lambda code, reason: _close(websocket, code, reason))
     superseded = gw.hub.attach(conn)
     if superseded is not None:

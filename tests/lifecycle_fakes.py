@@ -83,6 +83,8 @@ class FakeRelay:
     pending_replies: dict[str, list[ExistPendingReply]] = field(default_factory=dict)
     # When set, dispatch_recovery hangs (a peer that never answers) until this is set.
     dispatch_gate: asyncio.Event | None = None
+    # When set, record_status for "executor.healthy" waits for it (a slow registry write).
+    healthy_gate: asyncio.Event | None = None
     # record_status / write_audit operations whose first attempt raises TransientError.
     fail_first_attempt: set[str] = field(default_factory=set)
 
@@ -124,6 +126,8 @@ class FakeRelay:
 
     @activity.defn(name=Activity.RECORD_STATUS)
     async def record_status(self, input: RecordStatusInput) -> None:
+        if self.healthy_gate is not None and input.operation == "executor.healthy":
+            await self.healthy_gate.wait()
         self._fail_first(_record(self.records, input), input.operation)
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)

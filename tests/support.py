@@ -306,3 +306,39 @@ class RawPeer:
             with contextlib.suppress(Exception):
                 self._ws.close()
         self._thread.join(10)
+
+
+def lifecycle_state(temporal_address: str, app: str, executor_id: str, *, org: str = "local") -> object | None:
+    """The executor's lifecycle workflow state (a ``LifecycleState``, by query); None if it cannot be read."""
+    import asyncio
+
+    from gateway.temporal import connect as temporal_connect
+    from workflows.inputs import lifecycle_workflow_id
+    from workflows.lifecycle import ExecutorLifecycleWorkflow
+
+    async def query() -> object:
+        client = await temporal_connect(temporal_address, "default")
+        handle = client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
+        return await handle.query(ExecutorLifecycleWorkflow.state)
+
+    try:
+        return asyncio.run(query())
+    except Exception:
+        return None
+
+
+def wait_recorded(temporal_address: str, app: str, executor_id: str, *, timeout: float = 10) -> None:
+    """Until the executor's lifecycle workflow has taken in its own HEALTHY record, not just the registry row.
+
+    The registry row is written inside the ``record_status`` activity, before the workflow hears it completed; a
+    ``disconnected`` handled before the workflow hears it makes the workflow record a spurious
+    ``executor.reconnected`` and start a second grace (reported as a bug). Tests about other things disconnect
+    an executor only once this holds.
+    """
+    def recorded() -> bool:
+        state = lifecycle_state(temporal_address, app, executor_id)
+        connection = getattr(state, "connection", None)
+        return (getattr(state, "status", None) == "HEALTHY" and connection is not None
+                and getattr(state, "recorded_connection_id", None) == connection.connection_id)
+
+    wait_until(recorded, timeout=timeout, interval=0.1, what=f"{executor_id} HEALTHY in its workflow")

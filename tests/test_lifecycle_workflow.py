@@ -493,3 +493,23 @@ async def test_a_peer_becoming_healthy_wakes_a_blocked_recovery(relay: Relay) ->
     assert (await relay.result()).status == "RECOVERED"
     first, second = (c.scheduled for c in fakes.selects[:2])
     assert second - first < BLOCKED_RECHECK  # woken by the signal, not by the periodic re-check
+
+
+async def test_disconnect_while_the_healthy_record_is_written_starts_one_grace(relay: Relay) -> None:
+    fakes = relay.fakes
+    fakes.healthy_gate = asyncio.Event()
+    await relay.connect("c1")
+
+    def recording() -> None:
+        assert fakes.timeouts == [] and len(fakes.records) == 0
+
+    await assert_eventually(recording)
+    await asyncio.sleep(0.2)  # the healthy write is in flight (held by the gate)
+    await relay.disconnect("c1")
+    await relay.settle()
+    fakes.healthy_gate.set()
+    # One grace, no phantom "reconnected" of the connection that was being recorded.
+    await relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await asyncio.sleep(0.3)
+    assert fakes.statuses() == [HEALTHY, DISCONNECTED] and len(fakes.timeouts) == 1
+    await relay.stop()

@@ -22,7 +22,8 @@ class Sockets:
         self.hub = Hub()
         self.closed: dict[str, tuple[int, str]] = {}
 
-    def open(self, executor_id: str, *, key_id: str, app: str = "app-one", org: str = "acme") -> None:
+    def open(self, executor_id: str, *, key_id: str, app: str = "app-one", org: str = "acme",
+             app_id: str = "") -> None:
         async def send(_frame: str) -> None:
             pass
 
@@ -30,7 +31,8 @@ class Sockets:
             self.closed[executor_id] = (code, reason)
 
         self.hub.attach(Connection(connection_id=f"c-{executor_id}", org=org, app=app, executor_id=executor_id,
-                                   session=sm.Session(), send=send, close=close, key_id=key_id))
+                                   session=sm.Session(), send=send, close=close, key_id=key_id,
+                                   app_id=app_id))
 
 
 @pytest.fixture
@@ -61,11 +63,11 @@ async def test_closes_the_sockets_of_a_revoked_key_only(store: Store) -> None:
 
 async def test_closes_the_sockets_of_a_deleted_app_even_once_it_is_registered_again(store: Store) -> None:
     key = store.create_key(org="acme", name="k")
-    store.ensure_app("acme", "app-one")
-    store.ensure_app("acme", "app-two")
+    one, _ = store.ensure_app("acme", "app-one")
+    two, _ = store.ensure_app("acme", "app-two")
     sockets = Sockets()
-    sockets.open("e1", key_id=_key_id(store, key), app="app-one")
-    sockets.open("e2", key_id=_key_id(store, key), app="app-two")
+    sockets.open("e1", key_id=_key_id(store, key), app="app-one", app_id=one.id)
+    sockets.open("e2", key_id=_key_id(store, key), app="app-two", app_id=two.id)
     watcher = Watcher(store=store, hub=sockets.hub)
     assert await watcher.sweep() == 0
 

@@ -206,6 +206,10 @@ class ExecutorLifecycleWorkflow:
         state.recorded_connection_id = conn.connection_id
         state.app_version = conn.info.application_version
         state.grace_deadline = None
+        if state.unrecorded is not None and state.unrecorded.connection_id == conn.connection_id:
+            # It went away while being recorded: the disconnect handler could not know it was about to be
+            # recorded. It is recorded now; the loop goes on to its grace, not to a second "reconnected".
+            state.unrecorded = None
 
     async def _grace_expired(self) -> bool:
         """Record DISCONNECTED (once) and wait out the app's grace; True when no reconnect came in time."""
