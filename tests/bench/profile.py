@@ -1,0 +1,242 @@
+"""Where Relay's memory and CPU go, for when a benchmark misses its target (not part of `make bench`).
+
+    python -m tests.bench.profile memory [N]            tracemalloc + gc object counts in the gateway, N sockets
+    python -m tests.bench.profile cpu-heartbeat [N] [RATE] [SECONDS]
+                                                        py-spy on the gateway while N sockets ping at RATE/s
+    python -m tests.bench.profile cpu-storm [N]         py-spy on the gateway and the worker during a storm of N
+
+py-spy is not a dependency: install it anywhere (``pip install --target /tmp/pyspy py-spy``) and point
+``PY_SPY`` at the binary, or have it on PATH. Reports go to stdout and ``.relay-bench/profile/``.
+"""
+
+from __future__ import annotations
+
+import json
+import linecache
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+from tests.bench.common import (
+    BENCH_DIR,
+    PYTHON,
+    Generator,
+    Stack,
+    log,
+    raise_nofile,
+    settled_rss,
+    start_stack,
+)
+from tests.support import wait_until
+
+OUT = BENCH_DIR / "profile"
+APP = "profile"
+
+
+def _fleet(stack: Stack, gen: Generator, prefix: str, n: int, batch: int = 500) -> None:
+    for first in range(0, n, batch):
+        count = min(batch, n - first)
+        reply = gen.call("connect", url=stack.executor_url(APP), prefix=prefix, start=first, count=count,
+                         concurrency=100, timeout=300)
+        assert reply["failed"] == 0, reply
+        wait_until(lambda: stack.count_workflows(APP) >= first + count, timeout=600, interval=0.5,  # noqa: B023
+                   what="workflows started")
+
+
+# -- memory ------------------------------------------------------------------------------------------------
+
+
+def _snapshot(stack: Stack, folder: Path) -> tuple[tracemalloc.Snapshot, dict[str, int]]:
+    n = len(list(folder.glob("snapshot-*.pickle")))
+    os.kill(stack.gateway.pid, signal.SIGUSR1)
+    wait_until(lambda: (folder / f"snapshot-{n}.done").exists(), timeout=300, interval=0.5, what="snapshot")
+    types: dict[str, int] = json.loads((folder / f"types-{n}.json").read_text())
+    return tracemalloc.Snapshot.load(str(folder / f"snapshot-{n}.pickle")), types
+
+
+def memory(n: int) -> None:
+    folder = OUT / "memory"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    stack = start_stack("profile-memory", gateway_cmd=[PYTHON, "-m", "tests.bench.traced_gateway"],
+                        BENCH_SNAPSHOT_DIR=str(folder))
+    gen = Generator("loadgen-profile", stack.data_dir)
+    try:
+        stack.put_app(APP)
+        _fleet(stack, gen, "warm-", 20)
+        rss0 = settled_rss(stack.gateway.pid)
+        snap0, types0 = _snapshot(stack, folder)
+        _fleet(stack, gen, "mem-", n)
+        time.sleep(3)
+        rss1 = settled_rss(stack.gateway.pid)
+        snap1, types1 = _snapshot(stack, folder)
+    finally:
+        gen.stop()
+        stack.stop()
+    report = [f"gateway RSS delta per connection: {(rss1 - rss0) / n:,.0f} B (tracemalloc on: it inflates RSS)"]
+    by_line = snap1.compare_to(snap0, "lineno")
+    traced = sum(s.size_diff for s in by_line)
+    report.append(f"Python heap (tracemalloc) delta per connection: {traced / n:,.0f} B; the rest of the RSS "
+                  "delta is outside the Python allocator (C/Rust libraries, malloc arenas, fragmentation)")
+    report.append("\ntop allocation sites (per connection):")
+    for stat in by_line[:30]:
+        frame = stat.traceback[0]
+        code = linecache.getline(frame.filename, frame.lineno).strip()[:70]
+        report.append(f"  {stat.size_diff / n:8,.0f} B  {stat.count_diff / n:6.2f} blocks  "
+                      f"{_short(frame.filename)}:{frame.lineno}  {code}")
+    report.append("\nby the Relay frame nearest the allocation (gateway/, activities/, workflows/, worker.py):")
+    relay: Counter[str] = Counter()
+    for stat in snap1.compare_to(snap0, "traceback"):
+        relay[_relay_frame(stat.traceback)] += stat.size_diff
+    for where, size in relay.most_common(20):
+        report.append(f"  {size / n:8,.0f} B  {where}")
+    report.append("\ngc-tracked objects per connection, by type:")
+    grown = Counter({k: v - types0.get(k, 0) for k, v in types1.items()})
+    for name, count in grown.most_common(30):
+        report.append(f"  {count / n:6.2f}  {name}")
+    _emit(folder / "report.txt", report)
+
+
+def _short(filename: str) -> str:
+    for marker in ("site-packages/", "/work/main/", "lib/python3"):
+        if marker in filename:
+            return filename.split(marker, 1)[1]
+    return filename
+
+
+def _relay_frame(traceback: tracemalloc.Traceback) -> str:
+    """The Relay frame closest to the allocation (frames are stored oldest first)."""
+    for frame in reversed(list(traceback)):
+        path = _short(frame.filename)
+        if path.startswith(("gateway/", "activities/", "workflows/", "worker.py")):
+            return f"{path}:{frame.lineno}  {linecache.getline(frame.filename, frame.lineno).strip()[:60]}"
+    site = traceback[-1]
+    return f"(no Relay frame within the traced depth) {_short(site.filename)}:{site.lineno}"
+
+
+# -- CPU ---------------------------------------------------------------------------------------------------
+
+
+def _py_spy() -> str:
+    found = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if not found:
+        sys.exit("py-spy not found: pip install --target /tmp/pyspy py-spy; PY_SPY=/tmp/pyspy/bin/py-spy")
+    return found
+
+
+def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)),
+                             "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _summarize(raw: Path, title: str, top: int = 25) -> list[str]:
+    inclusive: Counter[str] = Counter()
+    leaf: Counter[str] = Counter()
+    relay_inclusive: Counter[str] = Counter()
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        count = int(count_text)
+        frames = stack.split(";")
+        total += count
+        leaf[_frame(frames[-1])] += count
+        for f in {_frame(f) for f in frames}:
+            inclusive[f] += count
+        for f in {_frame(f) for f in frames if _is_relay(f)}:
+            relay_inclusive[f] += count
+    lines = [f"\n{title}: {total} samples"]
+    lines.append("  self time:")
+    lines += [f"    {c / total:6.1%}  {f}" for f, c in leaf.most_common(top)]
+    lines.append("  inclusive, Relay's own functions:")
+    lines += [f"    {c / total:6.1%}  {f}" for f, c in relay_inclusive.most_common(top)]
+    lines.append("  inclusive, any function:")
+    lines += [f"    {c / total:6.1%}  {f}" for f, c in inclusive.most_common(top)]
+    return lines
+
+
+def _frame(frame: str) -> str:
+    name, _, where = frame.partition(" (")
+    return f"{name} ({_short(where.rstrip(')')).rsplit(':', 1)[0]})"
+
+
+def _is_relay(frame: str) -> bool:
+    return any(f"({d}" in frame or f"/{d}" in frame for d in ("gateway/", "activities/", "workflows/", "worker.py"))
+
+
+def cpu_heartbeat(n: int, rate: float, seconds: float) -> None:
+    folder = OUT / "cpu-heartbeat"
+    folder.mkdir(parents=True, exist_ok=True)
+    stack = start_stack("profile-cpu")
+    gen = Generator("loadgen-profile", stack.data_dir)
+    try:
+        stack.put_app(APP)
+        _fleet(stack, gen, "hb-", n)
+        time.sleep(5)
+        idle = _record(stack.gateway.pid, seconds, folder / "idle.txt")
+        idle.wait()
+        gen.call("ping", prefix="hb-", start=0, count=n, rate=rate, duration=seconds + 2)
+        time.sleep(1)
+        busy = _record(stack.gateway.pid, seconds, folder / "heartbeats.txt")
+        busy.wait()
+        gen.call("ping_result")
+    finally:
+        gen.stop()
+        stack.stop()
+    report = _summarize(folder / "idle.txt", f"gateway, {n} idle sockets, {seconds:g} s")
+    report += _summarize(folder / "heartbeats.txt", f"gateway, {n} sockets pinging at {rate:g}/s, {seconds:g} s")
+    _emit(folder / "report.txt", report)
+
+
+def cpu_storm(n: int) -> None:
+    folder = OUT / "cpu-storm"
+    folder.mkdir(parents=True, exist_ok=True)
+    stack = start_stack("profile-storm")
+    gen = Generator("loadgen-profile", stack.data_dir)
+    try:
+        stack.put_app(APP)
+        seconds = 30
+        recorders = [_record(stack.gateway.pid, seconds, folder / "gateway.txt"),
+                     _record(stack.worker.pid, seconds, folder / "worker.txt")]
+        time.sleep(1)
+        t0 = time.time()
+        gen.call("connect", url=stack.executor_url(APP), prefix="storm-", count=n, concurrency=n, timeout=120)
+        try:
+            done = stack.wait_healthy(APP, n, timeout=seconds)
+            log(f"{n} HEALTHY in {done - t0:.1f} s")
+        except TimeoutError as err:
+            log(str(err))
+        for r in recorders:
+            r.wait()
+    finally:
+        gen.stop()
+        stack.stop()
+    report = _summarize(folder / "gateway.txt", f"gateway during a storm of {n}")
+    report += _summarize(folder / "worker.txt", f"worker during a storm of {n}")
+    _emit(folder / "report.txt", report)
+
+
+def _emit(path: Path, lines: list[str]) -> None:
+    text = "\n".join(lines) + "\n"
+    path.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    raise_nofile()
+    what, args = sys.argv[1], [float(a) for a in sys.argv[2:]]
+    if what == "memory":
+        memory(int(args[0]) if args else 2000)
+    elif what == "cpu-heartbeat":
+        cpu_heartbeat(int(args[0]) if args else 5000, args[1] if len(args) > 1 else 500,
+                      args[2] if len(args) > 2 else 20)
+    elif what == "cpu-storm":
+        cpu_storm(int(args[0]) if args else 1000)
+    else:
+        sys.exit(__doc__)

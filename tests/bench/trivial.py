@@ -1,0 +1,75 @@
+"""The P3 baseline: raw ``client.start_workflow(..., start_signal=...)`` calls against the Temporal dev server
+Relay uses, for a trivial workflow that a worker (a separate process, like Relay's) runs.
+
+    python -m tests.bench.trivial worker ADDRESS       run the worker until SIGTERM
+    python -m tests.bench.trivial storm ADDRESS N      N concurrent calls; prints one JSON line of timings
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+import uuid
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.client import Client
+from temporalio.worker import Worker
+
+TASK_QUEUE = "bench-trivial"
+
+
+@workflow.defn(name="BenchTrivial")
+class Trivial:
+    """Waits for its start signal, then ends."""
+
+    def __init__(self) -> None:
+        self.signalled = False
+
+    @workflow.signal
+    def connected(self, payload: dict[str, str]) -> None:
+        self.signalled = True
+
+    @workflow.run
+    async def run(self, name: str) -> None:
+        await workflow.wait_condition(lambda: self.signalled)
+
+
+async def worker(address: str) -> None:
+    client = await Client.connect(address)
+    stop = asyncio.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+    async with Worker(client, task_queue=TASK_QUEUE, workflows=[Trivial]):
+        print("ready", flush=True)
+        await stop.wait()
+
+
+async def storm(address: str, count: int) -> None:
+    client = await Client.connect(address)
+    run = uuid.uuid4().hex[:8]
+    calls_done: list[float] = []
+
+    async def one(i: int) -> float:
+        handle = await client.start_workflow(
+            Trivial.run, f"trivial-{i}", id=f"bench-trivial/{run}/{i}", task_queue=TASK_QUEUE,
+            start_signal="connected", start_signal_args=[{"connection_id": str(uuid.uuid4())}],
+            execution_timeout=timedelta(minutes=10),
+        )
+        calls_done.append(time.time())
+        await handle.result()
+        return time.time()
+
+    t0 = time.time()
+    finished = await asyncio.gather(*(one(i) for i in range(count)))
+    print(json.dumps({"t0": t0, "calls_done": max(calls_done), "workflows_done": max(finished)}), flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "worker":
+        asyncio.run(worker(sys.argv[2]))
+    else:
+        asyncio.run(storm(sys.argv[2], int(sys.argv[3])))
