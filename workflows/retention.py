@@ -200,7 +200,7 @@ class AppRetentionWorkflow:
                     return AppRetentionResult(SUCCEEDED, candidate.executor_id, attempt)
                 await self._audit("retention.failed", "failure", candidate.executor_id, {**details, "reason": error})
                 failed.append(candidate.executor_id)
-            if workflow.now() + backoff > deadline:
+            if workflow.now() + backoff * (1 + timing.MAX_JITTER) > deadline:  # the next try must land in time
                 return await self._skip(f"no executor started the round in {attempt} attempts; the next round "
                                         "tries again", attempts=attempt)
             backoff = await timing.backoff(backoff)

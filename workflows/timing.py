@@ -13,11 +13,12 @@ SOCKET_SCHEDULE_TO_START = timedelta(seconds=10)
 SOCKET_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 BACKOFF_INITIAL = timedelta(seconds=1)
 BACKOFF_MAX = timedelta(seconds=30)
+MAX_JITTER = 0.2  # a fraction of the delay
 
 
 async def backoff(current: timedelta, why: str = "") -> timedelta:
     """Sleep ``current`` plus up to 20 % jitter (so peers retried together spread out); return the next delay,
     doubled up to ``BACKOFF_MAX``."""
-    jitter = current * workflow.random().uniform(0, 0.2)
+    jitter = current * workflow.random().uniform(0, MAX_JITTER)
     await workflow.sleep(current + jitter, summary=f"backoff {current.total_seconds():g} s {why}".rstrip())
     return min(current * 2, BACKOFF_MAX)
