@@ -69,13 +69,14 @@ class Session:
         message = wire.parse_reply(frame)
         if self.state is State.AWAITING_INFO:
             if not isinstance(message, wire.ExecutorInfoReply):
-                raise ProtocolError(f"expected an executor_info reply, got {message.type!r}")
+                raise ProtocolError(f"expected an executor_info reply, got {message.type!r:.{wire.TYPE_MAX}}")
             if message.request_id != self.info_request_id:
                 raise ProtocolError("executor_info reply with an unknown request_id")
             self.state = State.OPEN
             return Handshake(message)
         if message.request_id not in self.pending:
-            return Ignored(f"{message.type} reply for unknown request {message.request_id!r}")
+            return Ignored(f"{message.type:.{wire.TYPE_MAX}} reply for unknown request "
+                           f"{message.request_id!r:.{wire.TYPE_MAX}}")
         self.pending.discard(message.request_id)
         return Reply(message)
 

@@ -61,6 +61,7 @@ Reply = Annotated[ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply
                   Field(discriminator="type")]
 _known = TypeAdapter(Reply)
 KNOWN_TYPES = {"executor_info", "recovery", "exist_pending_workflows", "retention"}
+TYPE_MAX, REASON_MAX = 40, 300  # characters of an executor's own text quoted in a reason (logged and audited)
 
 
 def parse_reply(
@@ -69,19 +70,20 @@ def parse_reply(
     """Decode one executor frame. Raises ``ProtocolError`` with a short reason; never anything else."""
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ProtocolError(f"invalid JSON: {err}") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
+        raise ProtocolError(f"invalid JSON: {err}"[:REASON_MAX]) from None
     if not isinstance(data, dict):
         raise ProtocolError("a frame must be a JSON object")
     try:
-        if data.get("type") in KNOWN_TYPES:
+        if isinstance(data.get("type"), str) and data["type"] in KNOWN_TYPES:  # a list or dict is unhashable
             return _known.validate_python(data)
         return OtherReply.model_validate(data)
     except ValidationError as err:
         first = err.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "frame"
         request_id = data.get("request_id")
-        raise ProtocolError(f"{data.get('type')!s} reply: {where}: {first['msg']}",
+        # Clipped: the reason is logged and audited for every malformed frame, and the frame may be megabytes.
+        raise ProtocolError(f"{data.get('type')!s:.{TYPE_MAX}} reply: {where}: {first['msg']}"[:REASON_MAX],
                             request_id=request_id if isinstance(request_id, str) else None) from None
 
 

@@ -99,7 +99,7 @@ async def _serve(gw: Gateway, websocket: WebSocket, joined: Joined) -> None:
         log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
         await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
                                 status="failure", source_ip=source_ip, details={"reason": reason})
-        await _close(websocket, code, reason[:120])
+        await _close(websocket, code, reason)
         return
     except WebSocketDisconnect:
         return
@@ -175,6 +175,8 @@ async def _next_frame(websocket: WebSocket) -> str | bytes:
 
 
 async def _close(websocket: WebSocket, code: int, reason: str) -> None:
+    # RFC 6455 5.5: a close frame carries at most 123 bytes of reason (websockets raises on more), in UTF-8.
+    reason = reason.encode()[:123].decode(errors="ignore")
     if websocket.application_state == WebSocketState.CONNECTED:
         # The peer may be gone already (its disconnect not yet read by its handler): nothing left to close.
         with contextlib.suppress(RuntimeError, WebSocketDisconnect):

@@ -171,6 +171,7 @@ class ExecutorLifecycleWorkflow:
             removal.cancel()
             return task.result()
         task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" noise
         raise _Removed()
 
     async def _remove(self) -> LifecycleResult:

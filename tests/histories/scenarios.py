@@ -1,0 +1,383 @@
+"""The paths whose histories are recorded as replay fixtures (``record.py`` runs them; ``test_replay`` replays).
+
+Each scenario drives a workflow on the time-skipping server with the fakes of ``tests/lifecycle_fakes.py`` and
+checks that it took the path it is named after, raising ``ScenarioError`` otherwise, so that a fixture never
+records a path other than the one its name promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import ApplicationError
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from tests.lifecycle_fakes import (
+    APP,
+    DEAD,
+    DISCONNECTED,
+    GRACE,
+    HEALTHY,
+    ORG,
+    RECONNECTED,
+    RECOVERY_TIMEOUT,
+    VERSION,
+    FakeRelay,
+    Relay,
+)
+from workflows.gateway import GatewayWorkflow
+from workflows.inputs import (
+    Activity,
+    DisconnectGatewayInput,
+    DisconnectGatewayResult,
+    ExistPendingReply,
+    GatewayInput,
+    HoldGatewayInput,
+    LifecycleInput,
+    LifecycleResult,
+    PeerAvailableSignal,
+    RecoveryReply,
+    gateway_workflow_id,
+)
+from workflows.lifecycle import BLOCKED_RECHECK, ExecutorLifecycleWorkflow
+
+LOWERED_SIGNAL_BUDGET = 3
+
+
+class ScenarioError(Exception):
+    """A scenario did not take the path it is named after: nothing of it is written."""
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise ScenarioError(what)
+
+
+@dataclass
+class Lifecycle:
+    """One executor's lifecycle workflow, started as the gateway starts it: with Relay's search attributes, so
+    the history has the status upserts that production histories have."""
+
+    env: WorkflowEnvironment
+    fakes: FakeRelay
+    relay: Relay
+
+    async def connect(self, connection_id: str, *, signal_id: str | None = None) -> None:
+        relay = self.relay
+        signal = relay.connected_signal(connection_id, signal_id=signal_id)
+        handle = await self.env.client.start_workflow(
+            ExecutorLifecycleWorkflow.run,
+            LifecycleInput(ORG, APP, relay.executor_id, recovery_timeout=RECOVERY_TIMEOUT),
+            id=relay.workflow_id,
+            task_queue=self.fakes.task_queue,
+            start_signal="connected",
+            start_signal_args=[signal],
+            search_attributes=_search_attributes(relay.executor_id),
+        )
+        relay.started = relay.started or handle
+
+    async def healthy(self, connection_id: str) -> None:
+        """Wait until the workflow has recorded ``connection_id`` HEALTHY (the write completed, not just began),
+        so that a disconnect sent next cannot land during the write: that race is a path of its own."""
+        for _ in range(500):
+            state = await self.relay.state()
+            if (state.status, state.recorded_connection_id) == ("HEALTHY", connection_id):
+                return
+            await asyncio.sleep(0.02)
+        raise ScenarioError(f"{connection_id} never recorded HEALTHY: {self.fakes.statuses()}")
+
+    async def scheduled(self, activity_type: str) -> None:
+        """Wait until the workflow has scheduled an activity of ``activity_type``."""
+        for _ in range(500):
+            async for event in self.relay.latest.fetch_history_events():
+                attributes = event.activity_task_scheduled_event_attributes
+                if (event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                        and attributes.activity_type.name == activity_type):
+                    return
+            await asyncio.sleep(0.02)
+        raise ScenarioError(f"no {activity_type} scheduled")
+
+    async def die(self) -> LifecycleResult:
+        """Connect, disconnect, and let the grace run out: the workflow's result."""
+        await self.connect("c1")
+        await self.healthy("c1")
+        await self.relay.disconnect("c1")
+        return await self.relay.result()
+
+    async def die_blocked(self) -> None:
+        """Connect, disconnect, die with no peer HEALTHY: until the blocked alert is written."""
+        self.fakes.peers_available = False
+        await self.connect("c1", signal_id="s1")
+        await self.healthy("c1")
+        await self.relay.disconnect("c1", signal_id="d1")
+        await self.env.sleep(GRACE + timedelta(seconds=5))
+        await self.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD)
+        for _ in range(500):
+            if "executor.recovery.blocked" in self.fakes.audits():
+                return
+            await asyncio.sleep(0.02)
+        raise ScenarioError(f"no blocked alert: {self.fakes.audits()}")
+
+    async def peer_available(self) -> None:
+        await self.relay.latest.signal(ExecutorLifecycleWorkflow.peer_available,
+                                       PeerAvailableSignal("peer-a", VERSION))
+
+    async def second_run(self) -> None:
+        assert self.relay.started is not None
+        first = self.relay.started.result_run_id
+        for _ in range(500):
+            if (await self.relay.latest.describe()).run_id != first:
+                return
+            await asyncio.sleep(0.02)
+        raise ScenarioError("the run did not continue-as-new")
+
+
+def _search_attributes(executor_id: str) -> TypedSearchAttributes:
+    # As Gateway.signal_connected sets them: RelayOrg present is what makes the workflow upsert its status.
+    values = {"RelayOrg": ORG, "RelayApp": APP, "RelayExecutorId": executor_id, "RelayAppVersion": VERSION}
+    return TypedSearchAttributes([SearchAttributePair(SearchAttributeKey.for_keyword(k), v) for k, v in values.items()])
+
+
+def expect(result: LifecycleResult, status: str, *, attempts: int | None = None, by: str | None = None) -> None:
+    check(result.status == status, f"ended {result}, expected {status}")
+    check(attempts is None or result.attempts == attempts, f"{result.attempts} attempts, expected {attempts}")
+    check(by is None or result.recovered_by == by, f"recovered by {result.recovered_by}, expected {by}")
+
+
+async def happy_recovery(lc: Lifecycle) -> None:
+    """Connect, disconnect, the grace runs out: DEAD, dispatch, confirm, delete."""
+    expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
+
+
+async def reconnect_within_grace(lc: Lifecycle) -> None:
+    """A reconnect inside the grace cancels it; later the app is deleted (removed while HEALTHY)."""
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await lc.connect("c2")  # time is not skipping: well inside the grace
+    await lc.healthy("c2")
+    check(lc.fakes.statuses() == [HEALTHY, DISCONNECTED, RECONNECTED], f"statuses {lc.fakes.statuses()}")
+    await lc.env.sleep(GRACE * 2)
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+    check(not lc.fakes.selects, "recovery started after a reconnect")
+
+
+async def retries(lc: Lifecycle) -> None:
+    """The first candidate answers success=false; the next one recovers."""
+    lc.fakes.recovery_replies["peer-a"] = [RecoveryReply(success=False, error_message="cannot recover")]
+    expect(await lc.die(), "RECOVERED", attempts=2, by="peer-b")
+
+
+async def retries_every_peer_fails(lc: Lifecycle) -> None:
+    """Every failure branch: a dispatch that raises, pending workflows left after success=true, then no peer
+    left to try (both failed once), so both are tried again after the backoff."""
+    lc.fakes.recovery_replies["peer-a"] = [ApplicationError("socket closed", non_retryable=True)]
+    lc.fakes.pending_replies["peer-b"] = [ExistPendingReply(exist=True)]
+    expect(await lc.die(), "RECOVERED", attempts=3, by="peer-a")
+    check(len(lc.fakes.selects) == 4, f"{len(lc.fakes.selects)} selects, expected 4 (one finding no one)")
+    check("executor.recovery.blocked" not in lc.fakes.audits(), "every peer failing once is not blocked")
+
+
+async def blocked_then_recovered(lc: Lifecycle) -> None:
+    """No HEALTHY peer of the version (alert), a periodic re-check finding none, then a peer signals."""
+    await lc.die_blocked()
+    await lc.env.sleep(BLOCKED_RECHECK + timedelta(seconds=5))
+    check(len(lc.fakes.selects) >= 2, "no periodic re-check while blocked")
+    lc.fakes.peers_available = True
+    await lc.peer_available()
+    expect(await lc.relay.result(), "RECOVERED", attempts=1, by="peer-a")
+    check(lc.fakes.audits().count("executor.recovery.blocked") == 1, f"alerts: {lc.fakes.audits()}")
+
+
+async def continue_as_new_healthy(lc: Lifecycle) -> None:
+    """The signal budget runs out while HEALTHY: run 2 keeps the dedup keys (a late retry is ignored)."""
+    await lc.connect("c1", signal_id="s1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1", signal_id="d1")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await lc.connect("c2", signal_id="s2")  # the third signal: continue-as-new once it is recorded
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    await lc.second_run()
+    await lc.connect("c1", signal_id="s1")  # a late retry of run 1's connect
+    await lc.relay.disconnect("c2")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED, DISCONNECTED)
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+
+
+async def continue_as_new_mid_grace(lc: Lifecycle) -> None:
+    """The signal budget runs out during the grace (a stale disconnect is the third signal): run 2 resumes the
+    carried deadline, dies and recovers."""
+    await lc.connect("c1", signal_id="s1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1", signal_id="d1")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await lc.relay.disconnect("c0", signal_id="stale")
+    await lc.second_run()
+    expect(await lc.relay.result(), "RECOVERED", attempts=1)
+    check(len(lc.fakes.timeouts) == 1, "the grace restarted in run 2")
+
+
+async def continue_as_new_mid_recovery(lc: Lifecycle) -> None:
+    """The signal budget runs out while recovery is blocked: run 2 resumes the recovery and completes it."""
+    await lc.die_blocked()
+    await lc.relay.disconnect("c0", signal_id="stale")  # the third signal
+    lc.fakes.peers_available = True
+    await lc.peer_available()  # wakes the blocked loop, which then continues-as-new
+    await lc.second_run()
+    expect(await lc.relay.result(), "RECOVERED", attempts=1)
+
+
+async def dead_executor_returns(lc: Lifecycle) -> None:
+    """It reconnects while being recovered: recovery completes, run 2 registers it afresh; then its app goes."""
+    await lc.die_blocked()
+    await lc.connect("c2")
+    lc.fakes.peers_available = True
+    await lc.env.sleep(BLOCKED_RECHECK + timedelta(minutes=1))
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, HEALTHY)
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+    check(len(lc.fakes.deletes) == 2, "expected the recovery's delete and the removal's")
+
+
+async def removed_mid_grace(lc: Lifecycle) -> None:
+    """The app is deleted during the grace: the workflow ends without recovery."""
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+    check(not lc.fakes.selects, "recovery started after removal")
+
+
+async def removed_mid_recovery(lc: Lifecycle) -> None:
+    """The app is deleted while a peer sits on the recovery request: the dispatch is abandoned (cancelled)."""
+    fakes = lc.fakes
+    fakes.dispatch_gate = asyncio.Event()
+    fakes.grace = timedelta(milliseconds=300)  # wall clock: time does not skip while the dispatch hangs
+    try:
+        await lc.connect("c1")
+        await lc.healthy("c1")
+        await lc.relay.disconnect("c1")
+        await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD)
+        for _ in range(500):
+            if fakes.dispatches:
+                break
+            await asyncio.sleep(0.02)
+        await lc.relay.remove()
+        expect(await lc.relay.result(), "REMOVED")
+        check(len(fakes.dispatches) == 1 and not fakes.exist_calls, "the dispatch was not the one abandoned")
+    finally:
+        fakes.dispatch_gate.set()
+
+
+async def disconnect_during_healthy_write(lc: Lifecycle) -> None:
+    """The disconnect arrives while HEALTHY is being written: one grace, no phantom reconnect; then recovery."""
+    fakes = lc.fakes
+    fakes.healthy_gate = asyncio.Event()
+    await lc.connect("c1")
+    await lc.scheduled(Activity.RECORD_STATUS)
+    await lc.relay.disconnect("c1")
+    await lc.relay.settle()
+    fakes.healthy_gate.set()
+    expect(await lc.relay.result(), "RECOVERED", attempts=1)
+    check(fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD] and len(fakes.timeouts) == 1,
+          f"statuses {fakes.statuses()}, {len(fakes.timeouts)} graces")
+
+
+async def app_gone(lc: Lifecycle) -> None:
+    """The app no longer exists when the grace would start: the workflow ends."""
+    lc.fakes.grace = None
+    expect(await lc.die(), "REMOVED")
+
+
+# -- gateway watch -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GatewayFakes:
+    """hold_gateway returns at once the first time (the hold ran its course), then stops heartbeating."""
+
+    holds: int = 0
+    swept: list[DisconnectGatewayInput] = field(default_factory=list)
+
+    @activity.defn(name=Activity.HOLD_GATEWAY)
+    async def hold_gateway(self, input: HoldGatewayInput) -> None:
+        self.holds += 1
+        if self.holds > 1:
+            # The gateway process froze: no heartbeat, so the server fails the hold at its heartbeat timeout.
+            await asyncio.sleep(input.heartbeat_interval.total_seconds() * 12)
+
+    @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
+    async def disconnect_gateway_executors(self, input: DisconnectGatewayInput) -> DisconnectGatewayResult:
+        self.swept.append(input)
+        return DisconnectGatewayResult(signalled=2)
+
+
+async def gateway_watch(env: WorkflowEnvironment, name: str) -> tuple[str, str]:
+    """Run 1: the hold ends, continue-as-new. Run 2: the hold's heartbeats stop, the sweep disconnects.
+
+    Returns the workflow id and its first run's id."""
+    fakes = GatewayFakes()
+    shared, gateway_queue = f"record-{name}", f"record-{name}-gateway"
+    workflow_id = gateway_workflow_id(gateway_queue)
+    async with (
+        Worker(env.client, task_queue=shared, workflows=[GatewayWorkflow],
+               activities=[fakes.disconnect_gateway_executors]),
+        Worker(env.client, task_queue=gateway_queue, activities=[fakes.hold_gateway]),
+    ):
+        handle = await env.client.start_workflow(
+            GatewayWorkflow.run,
+            GatewayInput(gateway_queue, heartbeat_timeout=timedelta(seconds=1), hold_for=timedelta(seconds=2)),
+            id=workflow_id, task_queue=shared,
+        )
+        result = await asyncio.wait_for(handle.result(), timeout=30)
+    check(result == DisconnectGatewayResult(signalled=2), f"ended {result}")
+    check(fakes.holds == 2 and len(fakes.swept) == 1, f"{fakes.holds} holds, {len(fakes.swept)} sweeps")
+    check("gateway gone" in fakes.swept[0].reason, f"sweep reason {fakes.swept[0].reason!r}")
+    assert handle.result_run_id is not None
+    return workflow_id, handle.result_run_id
+
+
+# -- the list ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    play: Callable[[Lifecycle], Awaitable[None]] | None = None  # None: the gateway watch
+    runs: int = 1  # how many runs the history must have (continue-as-new), checked before writing
+    signal_budget: int | None = None  # set: lowered in an unsandboxed worker, and named in the files
+
+    @property
+    def stem(self) -> str:
+        return f"{self.name}-signal-budget-{self.signal_budget}" if self.signal_budget else self.name
+
+
+SCENARIOS = [
+    Scenario("happy-recovery", happy_recovery),
+    Scenario("reconnect-within-grace", reconnect_within_grace),
+    Scenario("retries", retries),
+    Scenario("retries-every-peer-fails", retries_every_peer_fails),
+    Scenario("blocked-then-recovered", blocked_then_recovered),
+    Scenario("continue-as-new-healthy", continue_as_new_healthy, runs=2, signal_budget=LOWERED_SIGNAL_BUDGET),
+    Scenario("continue-as-new-mid-grace", continue_as_new_mid_grace, runs=2, signal_budget=LOWERED_SIGNAL_BUDGET),
+    Scenario("continue-as-new-mid-recovery", continue_as_new_mid_recovery, runs=2,
+             signal_budget=LOWERED_SIGNAL_BUDGET),
+    Scenario("dead-executor-returns", dead_executor_returns, runs=2),
+    Scenario("disconnect-during-healthy-write", disconnect_during_healthy_write),
+    Scenario("removed-mid-grace", removed_mid_grace),
+    Scenario("removed-mid-recovery", removed_mid_recovery),
+    Scenario("app-gone", app_gone),
+    Scenario("gateway-watch", None, runs=2),
+]
