@@ -2,8 +2,9 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test lint openapi bench clean
+.PHONY: run test lint openapi bench clean system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -16,7 +17,12 @@ $(STAMP): pyproject.toml | $(PY)
 run: $(STAMP)
 	$(VENV)/bin/relay dev
 
-test: $(STAMP)
+# libfaketime (Debian package faketime): the clock-jump test runs Relay under a skewed wall clock.
+system-deps:
+	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get install -y -q faketime || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }; }
+
+test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(PY) -m pytest -q
