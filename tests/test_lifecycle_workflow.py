@@ -37,6 +37,7 @@ from tests.lifecycle_fakes import (
 )
 from workflows import lifecycle
 from workflows.inputs import (
+    Candidate,
     DisconnectedSignal,
     ExistPendingReply,
     GetExecutorTimeoutInput,
@@ -513,3 +514,20 @@ async def test_disconnect_while_the_healthy_record_is_written_starts_one_grace(r
     await asyncio.sleep(0.3)
     assert fakes.statuses() == [HEALTHY, DISCONNECTED] and len(fakes.timeouts) == 1
     await relay.stop()
+
+
+async def test_cross_version_candidate_is_used_and_the_audit_says_so(relay: Relay) -> None:
+    fakes = relay.fakes
+    peer = fakes.peers[0]
+    fakes.candidate_script = [Candidate(peer.executor_id, peer.gateway_queue, app_version="v-99", cross_version=True)]
+    fakes.grace = timedelta(milliseconds=300)  # on the wall clock, whether or not time skips here
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    assert (await relay.result()).status == "RECOVERED"
+    [dispatched] = [c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.dispatched"]
+    assert dispatched.details["cross_version"] is True and dispatched.details["candidate_version"] == "v-99"
+    assert "own version" in str(dispatched.details["note"])
+    # Confirmation still asks about the dead executor's own version: that is what its pending workflows carry.
+    [confirm] = fakes.exist_calls
+    assert confirm.input.app_version == VERSION
