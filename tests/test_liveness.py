@@ -185,7 +185,7 @@ def test_wrong_key_retrying_every_second_is_refused_cheaply_and_quietly(fast: Re
     assert bad not in output and bad[5:] not in output
 
 
-def test_sigstopped_dbos_executor_disconnects_at_ping_wait_then_reconnects(fast: Relay, tmp_path: Path) -> None:
+def test_sigstopped_executor_disconnects_at_ping_wait_then_reconnects(fast: Relay, tmp_path: Path) -> None:
     env = {"PATH": str(VENV_BIN), "RELAY_URL": fast.ws_url, "RELAY_KEY": fast.key, "APP_NAME": "sigstop-app",
            "SYS_DB": str(tmp_path / "sys.sqlite"), "STEP_LOG": str(tmp_path / "steps.log")}
     executor = Process([sys.executable, str(EXECUTOR_APP)], env=env, log=tmp_path / "executor.log")

@@ -430,7 +430,7 @@ def test_healthz(relay: Relay) -> None:
 
 @pytest.mark.parametrize(("key_kind", "status"), [("unknown", 401), ("other_app", 403)])
 def test_websocket_refused_before_upgrade(relay: Relay, store: Store, key_kind: str, status: int) -> None:
-    key = "dbos_unknown_key_0123456789abcdef0123456789" if key_kind == "unknown" else _new_key(
+    key = "dbos_" + "unknown" * 6 if key_kind == "unknown" else _new_key(
         store, apps=["someone-else"])
     with pytest.raises(InvalidStatus) as refused, connect(f"{relay.ws_url}websocket/refused-app/{key}"):
         pass
