@@ -56,7 +56,7 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
-        with contextlib.suppress(ProcessLookupError):  # anything it started and left behind
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything it started and left behind
             os.killpg(self.pid, signal.SIGKILL)
         return self.popen.returncode
 

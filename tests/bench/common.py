@@ -11,7 +11,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import sqlite3
 import statistics
 import subprocess
@@ -26,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from tests.support import free_port, wait_until
+from tests.support import Process, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
@@ -61,8 +60,8 @@ def raise_nofile() -> int:
     return target
 
 
-class Proc:
-    """A child process in its own session, output to a log file; stopped by its PID.
+class Proc(Process):
+    """A child process in its own session, output to a log file; stopped by its PID (``Process.stop``).
 
     Children inherit the orchestrator's raised RLIMIT_NOFILE (``raise_nofile`` runs first thing in ``main``):
     no ``preexec_fn``, which is unsafe once the orchestrator has threads (the Temporal client's).
@@ -71,31 +70,15 @@ class Proc:
     def __init__(self, name: str, args: Sequence[str], *, env: Mapping[str, str], logdir: Path,
                  stdin: int | None = subprocess.DEVNULL, stdout: int | None = None) -> None:
         self.name = name
-        self.log_path = logdir / f"{name}.log"
+        self.log_path = self.log = logdir / f"{name}.log"
         with open(self.log_path, "ab") as out:
             self.popen = subprocess.Popen(
                 list(args), env=dict(env), stdin=stdin, stdout=stdout if stdout is not None else out,
                 stderr=out, cwd=ROOT, start_new_session=True,
             )
 
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
     def alive(self) -> bool:
         return self.popen.poll() is None
-
-    def stop(self, timeout: float = 20) -> int | None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        with contextlib.suppress(ProcessLookupError, PermissionError):  # anything it left in its session
-            os.killpg(self.pid, signal.SIGKILL)
-        return self.popen.returncode
 
     def tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
