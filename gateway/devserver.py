@@ -59,8 +59,11 @@ class TemporalDevServer:
     def _spawn(self) -> None:
         self._settings.data_dir.mkdir(parents=True, exist_ok=True)
         with open(self._settings.data_dir / "temporal.log", "ab") as log_file:
+            # Its own session: Ctrl-C in a terminal reaches `relay dev` only, which stops the gateway and worker
+            # (they still need Temporal to report disconnects) before stopping Temporal.
             self._process = subprocess.Popen(command(self._settings), stdout=log_file, stderr=subprocess.STDOUT,
-                                             stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+                                             stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent,
+                                             start_new_session=True)
 
     async def _wait_ready(self, timeout: timedelta) -> None:
         loop = asyncio.get_running_loop()
