@@ -96,9 +96,11 @@ async def _serve(gw: Gateway, websocket: WebSocket, joined: Joined) -> None:
     except (ProtocolError, TimeoutError) as err:
         reason = err.detail if isinstance(err, ProtocolError) else "no executor_info reply in time"
         code = err.close_code if isinstance(err, ProtocolError) else 1008
-        log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
-        await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
-                                status="failure", source_ip=source_ip, details={"reason": reason})
+        # A broken client reconnects every second: report each kind of failure once a minute per address.
+        if gw.admission.should_report(source_ip, f"handshake:{app}:{reason[:60]}"):
+            log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
+            await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
+                                    status="failure", source_ip=source_ip, details={"reason": reason})
         await _close(websocket, code, reason)
         return
     except WebSocketDisconnect:

@@ -222,3 +222,16 @@ def test_malformed_frame_after_the_handshake_is_audited_and_the_socket_stays(fas
         client.send_ping()  # the socket is still served
     finally:
         client.close()
+
+
+def test_repeated_handshake_failures_are_audited_once_a_minute(fast: Relay) -> None:
+    before = len(_protocol_errors(fast))
+    for _ in range(4):  # a broken client retrying every second, as the SDKs do
+        client = RawClient(_url(fast))
+        try:
+            request = client.recv_json()
+            client.send_text(json.dumps({"type": "recovery", "request_id": request["request_id"], "success": 1}))
+            assert client.close_code(timeout=5) == 1002  # every one is still refused
+        finally:
+            client.close()
+    assert len(_protocol_errors(fast)) - before <= 1
