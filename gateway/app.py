@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import api, metrics, problems, revocation, ws
+from gateway import api, metrics, problems, revocation
 from gateway.logs import install_redaction
 from gateway.models import make_engine
 from gateway.runtime import Gateway
@@ -48,5 +48,4 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(api.router)
     app.include_router(api.health_router)
     app.include_router(metrics.router)
-    app.include_router(ws.router)
     return app

@@ -94,7 +94,11 @@ class Gateway:
             handle = self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
             await handle.signal(ExecutorLifecycleWorkflow.disconnected, signal)
 
-        task = asyncio.create_task(_drop(_retry(send, f"disconnected for {executor_id}")))
+        self.spawn(_retry(send, f"disconnected for {executor_id}"))
+
+    def spawn(self, work: Awaitable[object]) -> None:
+        """Run ``work`` in the background; ``drain`` waits for what is still running at shutdown."""
+        task = asyncio.ensure_future(_drop(work))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
@@ -108,8 +112,11 @@ class Gateway:
             await asyncio.wait(list(self._background), timeout=timeout.total_seconds())
 
 
-async def _drop(coro: Awaitable[bool]) -> None:
-    await coro
+async def _drop(work: Awaitable[object]) -> None:
+    try:
+        await work
+    except Exception:
+        log.exception("background work failed")
 
 
 async def _retry(send: Callable[[], Awaitable[None]], what: str) -> bool:

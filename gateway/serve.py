@@ -16,10 +16,10 @@ import worker
 from gateway.app import create_app
 from gateway.devserver import TemporalDevServer
 from gateway.errors import AuthError
-from gateway.liveness import liveness_protocol
 from gateway.models import make_engine
 from gateway.settings import Settings
 from gateway.store import Store
+from gateway.ws import executor_protocol
 
 DEV_ORG = "local"
 
@@ -33,11 +33,12 @@ class _Server(uvicorn.Server):
 
 
 def _server(settings: Settings) -> _Server:
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
-        ws=liveness_protocol(settings.executor_ping_wait),
+        ws=executor_protocol(settings.executor_ping_wait.total_seconds(), lambda: app.state.gateway),
         ws_ping_interval=settings.server_ping_interval_secs,
         ws_ping_timeout=None,
         ws_per_message_deflate=settings.ws_permessage_deflate,

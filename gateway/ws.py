@@ -1,79 +1,50 @@
-"""The executor WebSocket endpoint ``/websocket/{app}/{key}``: thin socket code around ``session.Session``.
+"""The executor socket ``/websocket/{app}/{key}``, spoken inside the connection's protocol object.
 
-Refusals happen before the upgrade (401/403/404 with a small problem body). After the handshake the executor's
-lifecycle workflow is signalled ``connected``; on close, ``disconnected``. Both carry the connection id.
+An executor socket needs no ASGI app: uvicorn's websockets-sansio protocol already parses the upgrade and the
+frames. This subclass answers the upgrade itself (refusals before it, 401/403/404/429 with a problem body), runs
+the ``executor_info`` handshake and the ``connected`` signal in one short task, and from then on handles each
+frame as it arrives, in ``data_received``: an idle executor costs its protocol object, its frame parser and its
+``Connection``, with no task or coroutine kept per socket. Any other path goes to the ASGI app as usual.
+
+After the handshake the executor's lifecycle workflow is signalled ``connected``; on close, ``disconnected``.
+Both carry the connection id.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import uuid
 from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Protocol
+from urllib.parse import unquote
 
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
-from starlette.websockets import WebSocketState
+from websockets.datastructures import Headers
+from websockets.exceptions import InvalidState
+from websockets.http11 import Request, Response
 
 from gateway import session as sm
-from gateway.errors import AuthError, ForbiddenError, NotFoundError, ProtocolError, RelayError
+from gateway.errors import ExecutorUnavailableError, ForbiddenError, NotFoundError, ProtocolError, RelayError
 from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
+from gateway.liveness import LivenessProtocol
+from gateway.models import Application
 from gateway.problems import relay_problem
 from gateway.runtime import Gateway
 from gateway.schemas import APP_PATTERN
-from gateway.store import hash_key, subject_of
+from gateway.store import Principal, Store, hash_key, subject_of
 from workflows.inputs import ConnectedSignal, ExecutorInfo
 
 log = logging.getLogger("relay.gateway")
-router = APIRouter()
+_PATH = re.compile(r"/websocket/([^/?]*)/([^/?]*)")
 _app_name = re.compile(APP_PATTERN)
 MALFORMED_AUDITED = 20  # per connection, before audit rows for malformed frames are rate-limited
+CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a close frame carries at most 123 bytes of reason
 
 
-@router.websocket("/websocket/{app_name}/{key}")
-async def executor_socket(websocket: WebSocket, app_name: str, key: str) -> None:
-    gw: Gateway = websocket.app.state.gateway
-    source_ip = websocket.client.host if websocket.client else ""
-    org: str | None = None
-    try:
-        gw.admission.check_origin(websocket.headers.get("origin"))
-        if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
-            raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
-        digest = hash_key(key)
-        gw.admission.check_unknown(digest)
-        try:
-            principal = await asyncio.to_thread(gw.store.authenticate, key)
-        except AuthError:
-            gw.admission.remember_unknown(digest)
-            raise
-        org = principal.org
-        if not principal.allows(app_name):
-            raise ForbiddenError(f"this key is not allowed for app {app_name!r}")
-        gw.admission.admit(principal.key_id)
-    except RelayError as err:
-        await _refuse(gw, websocket, err, app=app_name, org=org, source_ip=source_ip)
-        return
-    try:
-        application, _ = await asyncio.to_thread(gw.store.ensure_app, principal.org, app_name,
-                                                 subject=subject_of(principal), source_ip=source_ip)
-        await websocket.accept()
-        await _serve(gw, websocket, Joined(principal.org, app_name, application.id, principal.key_id, source_ip))
-    finally:
-        gw.admission.release(principal.key_id)
-
-
-async def _refuse(gw: Gateway, websocket: WebSocket, err: RelayError, *, app: str, org: str | None,
-                  source_ip: str) -> None:
-    """Refuse before the upgrade. SDKs retry every second forever, so reporting is rate-limited."""
-    if gw.admission.should_report(source_ip, f"{err.status}:{app}"):
-        log.info("refused executor connection for app %r from %s: %s (%d similar refusals suppressed so far)",
-                 app, source_ip, err.detail, gw.admission.suppressed)
-        if org is not None:
-            await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
-                                    status="failure", source_ip=source_ip,
-                                    details={"status": err.status, "reason": err.detail})
-    await websocket.send_denial_response(relay_problem(err))
+class _Lost(Exception):
+    """The peer went away before the handshake finished."""
 
 
 @dataclass(frozen=True)
@@ -87,99 +58,290 @@ class Joined:
     source_ip: str
 
 
-async def _serve(gw: Gateway, websocket: WebSocket, joined: Joined) -> None:
-    org, app, source_ip = joined.org, joined.app, joined.source_ip
-    session = sm.Session()
-    await websocket.send_text(session.start())
-    try:
-        handshake = await _handshake(gw, websocket, session)
-    except (ProtocolError, TimeoutError) as err:
-        reason = err.detail if isinstance(err, ProtocolError) else "no executor_info reply in time"
-        code = err.close_code if isinstance(err, ProtocolError) else 1008
-        # A broken client reconnects every second: report each kind of failure once a minute per address.
-        if gw.admission.should_report(source_ip, f"handshake:{app}:{reason[:60]}"):
-            log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
-            await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
-                                    status="failure", source_ip=source_ip, details={"reason": reason})
-        await _close(websocket, code, reason)
-        return
-    except WebSocketDisconnect:
-        return
-    info = handshake.info
-    conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
-                      session=session, send=websocket.send_text, key_id=joined.key_id, app_id=joined.app_id,
-                      close=lambda code, reason: _close(websocket, code, reason))
-    superseded = gw.hub.attach(conn)
-    if superseded is not None:
-        await superseded.close(SUPERSEDED_CLOSE_CODE, "superseded by a newer connection")
-    signal = ConnectedSignal(
-        connection_id=conn.connection_id, gateway_queue=gw.task_queue, signal_id=str(uuid.uuid4()),
-        source_ip=source_ip,
-        info=ExecutorInfo(
-            executor_id=info.executor_id, application_version=info.application_version or "",
-            hostname=info.hostname, language=info.language, dbos_version=info.dbos_version,
-            executor_metadata=info.executor_metadata,
-        ),
-    )
-    try:
-        if not await gw.signal_connected(org, app, signal):
-            await _close(websocket, 1011, "could not register the connection; retry")
+class GatewayOf(Protocol):
+    def __call__(self) -> Gateway: ...
+
+
+class ExecutorSocket(LivenessProtocol):
+    """One TCP connection. Executor paths are served here; anything else is handed to the ASGI app."""
+
+    gateway: GatewayOf  # set by ``executor_protocol``
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.session: sm.Session | None = None  # set when the path is an executor's
+        self.handshake: asyncio.Future[sm.Handshake] | None = None  # pending while executor_info is due
+        self.executor: Connection | None = None  # set once the handshake is done
+        self.registered = False  # `connected` sent: from then on a close is reported by connection_lost
+        self.held_key: str | None = None  # the key whose connection slot this socket holds
+        self.malformed = 0
+
+    # -- the upgrade ----------------------------------------------------------------------------------------
+
+    def handle_connect(self, event: Request) -> None:
+        match = _PATH.fullmatch(event.path.partition("?")[0])
+        if match is None:
+            super().handle_connect(event)
             return
-        await _read_loop(gw, websocket, conn)
-    finally:
-        gw.hub.detach(conn)
-        gw.spawn_disconnected(org, app, info.executor_id, conn.connection_id)
+        self.handshake_initiated = True
+        task = self.loop.create_task(self._open(event, unquote(match[1]), unquote(match[2])))
+        task.add_done_callback(self.on_task_complete)
+        self.tasks.add(task)
 
-
-async def _handshake(gw: Gateway, websocket: WebSocket, session: sm.Session) -> sm.Handshake:
-    async with asyncio.timeout(gw.settings.handshake_timeout.total_seconds()):
-        while True:
-            event = session.receive(await _next_frame(websocket))
-            if isinstance(event, sm.Handshake):
-                return event
-
-
-async def _read_loop(gw: Gateway, websocket: WebSocket, conn: Connection) -> None:
-    malformed = 0
-    while True:
+    async def _open(self, request: Request, app_name: str, key: str) -> None:
+        gw = self.gateway()
+        source_ip = self.client[0] if self.client else ""
         try:
-            frame = await _next_frame(websocket)
-        except WebSocketDisconnect:
+            response = self.conn.accept(request)
+            if response.status_code != 101:  # not a valid WebSocket upgrade
+                self._respond(response)
+                return
+            joined = await self._admit(gw, request, app_name, key, source_ip)
+            if joined is None:
+                return
+            if self.transport.is_closing():  # gone while being admitted
+                return
+            del response.headers["Date"]
+            response.headers.update((k.decode("latin-1"), v.decode("latin-1")) for k, v in self.default_headers)
+            self.handshake_complete = True
+            self.conn.send_response(response)
+            self._flush()
+            self.start_keepalive()
+            log.info('%s - "WebSocket /websocket/%s/<key>" [accepted]', source_ip, app_name)
+            await self.serve(gw, joined)
+        except Exception:
+            log.exception("executor socket of app %r from %s failed", app_name, source_ip)
+            if not self.handshake_complete:
+                self._respond(self.conn.reject(500, "Internal Server Error"))
+            else:
+                await self.close_with(1011, "internal error")
+
+    async def _admit(self, gw: Gateway, request: Request, app_name: str, key: str, source_ip: str) -> Joined | None:
+        org: str | None = None
+        try:
+            gw.admission.check_origin(request.headers.get("Origin"))
+            if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
+                raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
+            digest = hash_key(key)
+            gw.admission.check_unknown(digest)
+            principal, application = await asyncio.to_thread(_join, gw.store, key, app_name, source_ip)
+            org = principal.org
+            if application is None:
+                raise ForbiddenError(f"this key is not allowed for app {app_name!r}")
+            gw.admission.admit(principal.key_id)
+            self.held_key = principal.key_id
+            return Joined(principal.org, app_name, application.id, principal.key_id, source_ip)
+        except _Unknown as err:
+            gw.admission.remember_unknown(hash_key(key))
+            await self._refuse(gw, err.error, app=app_name, org=None, source_ip=source_ip)
+        except RelayError as err:
+            await self._refuse(gw, err, app=app_name, org=org, source_ip=source_ip)
+        return None
+
+    async def _refuse(self, gw: Gateway, err: RelayError, *, app: str, org: str | None, source_ip: str) -> None:
+        """Refuse before the upgrade. SDKs retry every second forever, so reporting is rate-limited."""
+        if gw.admission.should_report(source_ip, f"{err.status}:{app}"):
+            log.info("refused executor connection for app %r from %s: %s (%d similar refusals suppressed so far)",
+                     app, source_ip, err.detail, gw.admission.suppressed)
+            if org is not None:
+                await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
+                                        status="failure", source_ip=source_ip,
+                                        details={"status": err.status, "reason": err.detail})
+        problem = relay_problem(err)
+        headers = Headers([("Content-Type", problem.media_type or "application/problem+json"),
+                           ("Content-Length", str(len(problem.body))), ("Connection", "close")])
+        status = problem.status_code
+        self._respond(Response(status, HTTPStatus(status).phrase, headers, bytes(problem.body)))
+
+    def _respond(self, response: Response) -> None:
+        """Answer the upgrade request with a plain HTTP response, then close."""
+        self.handshake_complete = True
+        self.close_sent = True
+        if self.transport.is_closing():
             return
+        self.conn.send_response(response)
+        self._flush()
+        self.transport.close()
+
+    # -- the handshake, then registration ---------------------------------------------------------------------
+
+    async def serve(self, gw: Gateway, joined: Joined) -> None:
+        """Send ``executor_info``, wait for the reply, register the executor. Frames after that are handled by
+        ``send_receive_event_to_app`` as they come; this returns once the executor is registered (or refused)."""
+        org, app, source_ip = joined.org, joined.app, joined.source_ip
+        session = self.session = sm.Session()
+        self.handshake = self.loop.create_future()
+        self.send_now(session.start())
         try:
-            event = conn.session.receive(frame)
+            async with asyncio.timeout(gw.settings.handshake_timeout.total_seconds()):
+                handshake = await self.handshake
+        except (ProtocolError, TimeoutError) as err:
+            reason = err.detail if isinstance(err, ProtocolError) else "no executor_info reply in time"
+            code = err.close_code if isinstance(err, ProtocolError) else 1008
+            # A broken client reconnects every second: report each kind of failure once a minute per address.
+            if gw.admission.should_report(source_ip, f"handshake:{app}:{reason[:60]}"):
+                log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
+                await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
+                                        status="failure", source_ip=source_ip, details={"reason": reason})
+            await self.close_with(code, reason)
+            return
+        except _Lost:
+            return
+        finally:
+            self.handshake = None
+        info = handshake.info
+        conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
+                          session=session, send=self.send_text, key_id=joined.key_id, app_id=joined.app_id,
+                          close=self.close_with)
+        self.executor = conn
+        superseded = gw.hub.attach(conn)
+        if superseded is not None:
+            await superseded.close(SUPERSEDED_CLOSE_CODE, "superseded by a newer connection")
+        signal = ConnectedSignal(
+            connection_id=conn.connection_id, gateway_queue=gw.task_queue, signal_id=str(uuid.uuid4()),
+            source_ip=source_ip,
+            info=ExecutorInfo(
+                executor_id=info.executor_id, application_version=info.application_version or "",
+                hostname=info.hostname, language=info.language, dbos_version=info.dbos_version,
+                executor_metadata=info.executor_metadata,
+            ),
+        )
+        landed = await gw.signal_connected(org, app, signal)
+        # `disconnected` must follow `connected`: a close while signalling is reported only now.
+        self.registered = True
+        if self.disconnected:
+            self._gone(gw, conn)
+        elif not landed:
+            await self.close_with(1011, "could not register the connection; retry")
+
+    # -- frames -----------------------------------------------------------------------------------------------
+
+    def send_receive_event_to_app(self) -> None:
+        session = self.session
+        if session is None:  # not an executor path: the ASGI app reads it
+            super().send_receive_event_to_app()
+            return
+        data = self.frames[0] if len(self.frames) == 1 else b"".join(self.frames)
+        self.frames = []
+        if self.close_sent:
+            return
+        frame: str | bytes
+        if self.curr_msg_data_type == "text":
+            try:
+                frame = bytes(data).decode()
+            except UnicodeDecodeError:
+                self.conn.fail(1007, "invalid UTF-8")
+                self.handle_parser_exception()
+                return
+        else:
+            frame = bytes(data)
+        self.on_frame(session, frame)
+
+    def on_frame(self, session: sm.Session, frame: str | bytes) -> None:
+        handshake = self.handshake
+        try:
+            event = session.receive(frame)
         except ProtocolError as err:
-            # A malformed reply must not bring the connection down with it: the request it answers (if that
-            # much could be read) fails now; the frame is logged and audited (the first ones of a connection,
-            # then at most one a minute, so a broken executor cannot flood the audit log) and serving goes on.
-            malformed += 1
-            if err.request_id is not None:
-                conn.fail(err.request_id, err)
-            if malformed <= MALFORMED_AUDITED or gw.admission.should_report(conn.connection_id, "malformed"):
-                log.warning("malformed frame from executor %s: %s", conn.executor_id, err.detail)
-                await asyncio.to_thread(
-                    gw.store.write_audit, org=conn.org, app=conn.app, executor_id=conn.executor_id,
-                    operation="executor.protocol_error", status="failure",
-                    details={"reason": err.detail, "connection_id": conn.connection_id, "count": malformed})
-            continue
-        if isinstance(event, sm.Reply):
-            conn.deliver(event)
-        elif isinstance(event, sm.Ignored):
-            log.info("ignored frame from executor %s: %s", conn.executor_id, event.reason)
+            if handshake is not None and not handshake.done():
+                handshake.set_exception(err)
+            elif self.executor is not None:
+                self._malformed(self.executor, err)
+            return
+        if isinstance(event, sm.Handshake):
+            if handshake is not None and not handshake.done():
+                handshake.set_result(event)
+        elif isinstance(event, sm.Reply):
+            if self.executor is not None:
+                self.executor.deliver(event)
+        else:
+            log.info("ignored frame from executor %s: %s", self.executor.executor_id if self.executor else "?",
+                     event.reason)
+
+    def _malformed(self, conn: Connection, err: ProtocolError) -> None:
+        # A malformed reply must not bring the connection down with it: the request it answers (if that much
+        # could be read) fails now; the frame is logged and audited (the first ones of a connection, then at most
+        # one a minute, so a broken executor cannot flood the audit log) and serving goes on.
+        self.malformed += 1
+        if err.request_id is not None:
+            conn.fail(err.request_id, err)
+        gw = self.gateway()
+        if self.malformed <= MALFORMED_AUDITED or gw.admission.should_report(conn.connection_id, "malformed"):
+            log.warning("malformed frame from executor %s: %s", conn.executor_id, err.detail)
+            gw.spawn(asyncio.to_thread(
+                gw.store.write_audit, org=conn.org, app=conn.app, executor_id=conn.executor_id,
+                operation="executor.protocol_error", status="failure",
+                details={"reason": err.detail, "connection_id": conn.connection_id, "count": self.malformed}))
+
+    # -- sending and closing ----------------------------------------------------------------------------------
+
+    def send_now(self, frame: str) -> None:
+        if self.disconnected or self.close_sent:
+            raise ExecutorUnavailableError("the executor socket is closed")
+        self.conn.send_text(frame.encode())
+        self._flush()
+
+    async def send_text(self, frame: str) -> None:
+        await self.writable.wait()
+        self.send_now(frame)
+
+    async def close_with(self, code: int, reason: str) -> None:
+        """Start the closing handshake (the transport is closed when the peer answers, or after a timeout)."""
+        if self.close_sent or self.disconnected or self.transport.is_closing():
+            return
+        try:
+            self.conn.send_close(code, reason.encode()[:CLOSE_REASON_BYTES].decode(errors="ignore"))
+        except InvalidState:  # the peer's close came first: it is being answered already
+            return
+        self._flush()
+        self.close_sent = True
+        self.close_timer = self.loop.call_later(self.close_timeout, self.transport.close)
+
+    def _flush(self) -> None:
+        self.transport.write(b"".join(self.conn.data_to_send()))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.session is None:
+            return
+        gw = self.gateway()
+        if self.held_key is not None:
+            gw.admission.release(self.held_key)
+            self.held_key = None
+        if self.handshake is not None and not self.handshake.done():
+            self.handshake.set_exception(_Lost())
+        if self.executor is not None and self.registered:
+            self._gone(gw, self.executor)
+
+    def _gone(self, gw: Gateway, conn: Connection) -> None:
+        gw.hub.detach(conn)
+        gw.spawn_disconnected(conn.org, conn.app, conn.executor_id, conn.connection_id)
 
 
-async def _next_frame(websocket: WebSocket) -> str | bytes:
-    message = await websocket.receive()
-    if message["type"] == "websocket.disconnect":
-        raise WebSocketDisconnect(message.get("code", 1000))
-    text: str | None = message.get("text")
-    return text if text is not None else message.get("bytes") or b""
+class _Unknown(Exception):
+    """The key is unknown or revoked (remembered briefly, so a client retrying it costs no database trip)."""
+
+    def __init__(self, error: RelayError) -> None:
+        self.error = error
 
 
-async def _close(websocket: WebSocket, code: int, reason: str) -> None:
-    # RFC 6455 5.5: a close frame carries at most 123 bytes of reason (websockets raises on more), in UTF-8.
-    reason = reason.encode()[:123].decode(errors="ignore")
-    if websocket.application_state == WebSocketState.CONNECTED:
-        # The peer may be gone already (its disconnect not yet read by its handler): nothing left to close.
-        with contextlib.suppress(RuntimeError, WebSocketDisconnect):
-            await websocket.close(code, reason)
+def _join(store: Store, key: str, app_name: str, source_ip: str) -> tuple[Principal, Application | None]:
+    """One trip to the database thread: the key, then the app (registered on first use if the key allows it)."""
+    try:
+        principal = store.authenticate(key)
+    except RelayError as err:
+        raise _Unknown(err) from None
+    if not principal.allows(app_name):
+        return principal, None
+    application, _ = store.ensure_app(principal.org, app_name, subject=subject_of(principal), source_ip=source_ip)
+    return principal, application
+
+
+def executor_protocol(ping_wait_s: float, gateway: GatewayOf) -> type[ExecutorSocket]:
+    """The protocol class uvicorn is configured with (``ws=``): the ping wait and the running ``Gateway``."""
+
+    class Configured(ExecutorSocket):
+        pass
+
+    Configured.ping_wait_s = ping_wait_s
+    Configured.gateway = staticmethod(gateway)
+    return Configured

@@ -1,5 +1,5 @@
 """Malformed and adversarial executor replies against the gateway: ``wire.parse_reply``, the ``Session`` state
-machine, and the socket code around them (``ws._serve`` / ``ws._read_loop`` with a fake WebSocket and gateway).
+machine, and the socket code around them (the real ``ws.ExecutorSocket`` protocol fed real frames, with a fake gateway).
 
 Properties: decoding and ``Session.receive`` either succeed or raise ``ProtocolError``, never anything else; a
 valid handshake always opens the session, whatever came before it; the socket keeps serving after malformed
@@ -12,22 +12,29 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, cast
 
 import pytest
+import uvicorn
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
-from starlette.websockets import WebSocket, WebSocketState
+from uvicorn.server import ServerState
+from websockets.client import ClientProtocol
+from websockets.frames import Close, Opcode
+from websockets.frames import Frame as WsFrame
+from websockets.protocol import State
+from websockets.server import ServerProtocol
+from websockets.uri import parse_uri
 
 from gateway import session as sm
 from gateway import wire, ws
 from gateway.admission import Admission
-from gateway.errors import ProtocolError
+from gateway.errors import ExecutorUnavailableError, ProtocolError
 from gateway.hub import Connection, Hub
 from gateway.runtime import Gateway
 from workflows.inputs import ConnectedSignal
@@ -301,43 +308,106 @@ SessionMachine.TestCase.settings = settings(max_examples=100, stateful_step_coun
 test_session_state_machine = SessionMachine.TestCase
 
 
-# -- the socket code: ws._serve and ws._read_loop with a fake WebSocket and gateway -------------------------------
+# -- the socket code: the real ExecutorSocket protocol, fed real frames, with a fake gateway ---------------------
 
 
 HANDSHAKE = Frame("stands for a valid executor_info reply to the request the server sent")
 
 
-@dataclass
-class FakeSocket:
-    """What ``ws`` uses of starlette's WebSocket: plays ``script``, then the peer goes away."""
+class FakeTransport(asyncio.Transport):
+    """The server side's transport: whatever the protocol writes is parsed by a real client protocol."""
 
-    script: list[Frame]
-    sent: list[str] = field(default_factory=list)
-    closed: tuple[int, str] | None = None
-    application_state: WebSocketState = WebSocketState.CONNECTED
-    info_request_id: str | None = None
+    def __init__(self, client: ClientProtocol) -> None:
+        super().__init__()
+        self.client = client
+        self.closing = False
 
-    async def send_text(self, text: str) -> None:
-        self.sent.append(text)
-        message = json.loads(text)
-        if message.get("type") == "executor_info":
-            self.info_request_id = message["request_id"]
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.client.receive_data(bytes(data))
 
-    async def receive(self) -> dict[str, Any]:
-        await asyncio.sleep(0)  # a real socket yields here: let requests and audits interleave
-        if not self.script:
-            return {"type": "websocket.disconnect", "code": 1000}
-        frame = self.script.pop(0)
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("10.0.0.7", 50_000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
+
+
+async def _no_app(scope: Any, receive: Any, send: Any) -> None:
+    raise AssertionError("executor sockets never reach the ASGI app")
+
+
+class Peer:
+    """An executor on the other end of a real ``ws.ExecutorSocket`` whose handshake with the HTTP layer is done:
+    frames go through websockets' real client and server frame code in both directions."""
+
+    def __init__(self, gw: FakeGateway) -> None:
+        config = uvicorn.Config(_no_app, log_config=None, ws_ping_interval=None)
+        config.load()
+        self.protocol = ws.executor_protocol(25.0, lambda: cast(Gateway, gw))(config, ServerState(), {})
+        self.protocol.conn = ServerProtocol(state=State.OPEN, max_size=None)
+        self.protocol.handshake_complete = True
+        self.client = ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
+        self.transport = FakeTransport(self.client)
+        self.protocol.connection_made(self.transport)
+        self.info_request_id: str | None = None
+        self.closed: tuple[int, str] | None = None
+        self.received: list[str] = []
+
+    def send(self, frame: Frame) -> None:
+        if self.client.state is not State.OPEN:  # the server's close frame came: the executor stops sending
+            return
+        data = _on_the_wire(frame).data
         if frame is HANDSHAKE:
-            frame = Frame(json.dumps({"type": "executor_info", "request_id": self.info_request_id,
-                                      "executor_id": "ex-1", "application_version": "v1"}))
-        if isinstance(frame.data, bytes):
-            return {"type": "websocket.receive", "bytes": frame.data}
-        return {"type": "websocket.receive", "text": frame.data}
+            assert self.info_request_id is not None
+            data = json.dumps({"type": "executor_info", "request_id": self.info_request_id,
+                               "executor_id": "ex-1", "application_version": "v1"})
+        if isinstance(data, str):
+            self.client.send_text(data.encode())
+        else:
+            self.client.send_binary(data)
+        self.protocol.data_received(b"".join(self.client.data_to_send()))
 
-    async def close(self, code: int = 1000, reason: str | None = None) -> None:
-        self.closed = (code, reason or "")
-        self.application_state = WebSocketState.DISCONNECTED
+    def read(self) -> list[str]:
+        """The text frames the server sent since the last read; a close frame is noted in ``closed``."""
+        texts = []
+        for event in self.client.events_received():
+            if isinstance(event, WsFrame) and event.opcode is Opcode.TEXT:
+                text = bytes(event.data).decode()
+                texts.append(text)
+                if json.loads(text).get("type") == "executor_info":
+                    self.info_request_id = json.loads(text)["request_id"]
+            elif isinstance(event, WsFrame) and event.opcode is Opcode.CLOSE:
+                close = Close.parse(bytes(event.data))
+                self.closed = (close.code, close.reason)
+        self.received += texts
+        return texts
+
+    def leave(self) -> None:
+        """The executor goes away (TCP closed)."""
+        self.transport.closing = True
+        self.protocol.connection_lost(None)
+
+
+def _on_the_wire(frame: Frame) -> Frame:
+    """A text frame is UTF-8 on the wire: text that cannot be encoded (lone surrogates) travels as bytes."""
+    if isinstance(frame.data, str):
+        try:
+            frame.data.encode()
+        except UnicodeEncodeError:
+            return Frame(frame.data.encode(errors="surrogatepass"))
+    return frame
 
 
 @dataclass
@@ -355,7 +425,7 @@ class FakeSettings:
 
 @dataclass
 class FakeGateway:
-    """What ``ws._serve`` uses of ``runtime.Gateway``, with Temporal replaced by lists."""
+    """What ``ws.ExecutorSocket`` uses of ``runtime.Gateway``, with Temporal replaced by lists."""
 
     store: FakeStore = field(default_factory=FakeStore)
     settings: FakeSettings = field(default_factory=FakeSettings)
@@ -364,6 +434,7 @@ class FakeGateway:
     task_queue: str = "relay-gateway-fuzz"
     connected: list[ConnectedSignal] = field(default_factory=list)
     disconnected: list[str] = field(default_factory=list)
+    background: list[asyncio.Future[object]] = field(default_factory=list)
 
     async def signal_connected(self, org: str, app: str, signal: ConnectedSignal) -> bool:
         self.connected.append(signal)
@@ -371,6 +442,13 @@ class FakeGateway:
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         self.disconnected.append(connection_id)
+
+    def spawn(self, work: Awaitable[object]) -> None:
+        self.background.append(asyncio.ensure_future(work))
+
+    async def settle(self) -> None:
+        """Wait for the background work (audit writes) spawned so far."""
+        await asyncio.gather(*self.background)
 
 
 class _Records(logging.Handler):
@@ -400,31 +478,52 @@ def _gateway_log() -> Iterator[list[logging.LogRecord]]:
 def _malformed(frames_: list[Frame], *pending: str) -> int:
     """How many of ``frames_`` an open session expecting ``pending`` rejects (the oracle for the audits)."""
     session = _open_session(*pending)
-    return sum(isinstance(_receive(session, frame), ProtocolError) for frame in frames_)
+    return sum(isinstance(_receive(session, _on_the_wire(frame)), ProtocolError) for frame in frames_)
 
 
 SOCKET_FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                              HealthCheck.data_too_large])
+JOINED = ws.Joined("acme", "shop", "app-1", "key-1", "10.0.0.7")
+
+
+async def _turns(n: int = 3) -> None:
+    """Let the serving task react to what was just received."""
+    for _ in range(n):
+        await asyncio.sleep(0)
+
+
+async def _registered(gw: FakeGateway) -> tuple[Peer, Connection]:
+    peer = Peer(gw)
+    serving = asyncio.ensure_future(peer.protocol.serve(cast(Gateway, gw), JOINED))
+    await _turns()
+    peer.read()
+    peer.send(HANDSHAKE)
+    await asyncio.wait_for(serving, 5)
+    return peer, gw.hub.get("acme", "shop", "ex-1")
 
 
 @given(st.lists(frames, max_size=8))
 @SOCKET_FUZZ
 @example(ADVERSARIAL)
 @example([Frame("garbage")] * (ws.MALFORMED_AUDITED + 15))  # a flood: audits are rate-limited
-async def test_the_read_loop_keeps_serving_and_audits_each_malformed_frame(garbage: list[Frame]) -> None:
-    gw, socket = FakeGateway(), FakeSocket([*garbage, Frame(json.dumps(
-        {"type": "recovery", "request_id": "req-1", "success": True}))])
-    session = _open_session("r1", "r2")  # requests still pending, with nobody waiting on them
-    conn = Connection(connection_id="conn-1", org="acme", app="shop", executor_id="ex-1", session=session,
-                      send=socket.send_text, close=socket.close)
+async def test_the_socket_keeps_serving_and_audits_each_malformed_frame(garbage: list[Frame]) -> None:
+    gw = FakeGateway()
+    peer, conn = await _registered(gw)
+    for pending in ("r1", "r2"):  # requests still pending, with nobody waiting on them
+        conn.session.expect(pending)
     with _gateway_log() as log:
         request = asyncio.ensure_future(conn.request("req-1", wire.recovery_request("req-1", ["dead-1"]),
                                                      timeout=timedelta(seconds=5)))
         await asyncio.sleep(0)
-        await ws._read_loop(cast(Gateway, gw), cast(WebSocket, socket), conn)  # returns when the peer goes
-        reply = await request  # answered after all the garbage: the loop kept serving
+        for frame in garbage:
+            peer.send(frame)
+        peer.send(Frame(json.dumps({"type": "recovery", "request_id": "req-1", "success": True})))
+        reply = await request  # answered after all the garbage: the socket kept serving
+        await gw.settle()
+    peer.leave()
 
     assert isinstance(reply.reply, wire.RecoveryReply) and reply.reply.success
+    assert gw.disconnected == [conn.connection_id] and len(gw.hub) == 0
     malformed = _malformed(garbage, "r1", "r2")
     audits = gw.store.audits
     assert min(malformed, ws.MALFORMED_AUDITED) <= len(audits) <= min(malformed, ws.MALFORMED_AUDITED + 1)
@@ -436,17 +535,26 @@ async def test_the_read_loop_keeps_serving_and_audits_each_malformed_frame(garba
 
 
 async def test_a_malformed_reply_fails_the_request_it_answers_at_once() -> None:
-    gw, socket = FakeGateway(), FakeSocket([Frame(json.dumps({"type": "recovery", "request_id": "req-1"}))])
-    conn = Connection(connection_id="conn-1", org="acme", app="shop", executor_id="ex-1", session=_open_session(),
-                      send=socket.send_text, close=socket.close)
+    gw = FakeGateway()
+    peer, conn = await _registered(gw)
     request = asyncio.ensure_future(conn.request("req-1", wire.recovery_request("req-1", ["dead-1"]),
                                                  timeout=timedelta(minutes=5)))
     await asyncio.sleep(0)
-    await ws._read_loop(cast(Gateway, gw), cast(WebSocket, socket), conn)
+    peer.send(Frame(json.dumps({"type": "recovery", "request_id": "req-1"})))
     with pytest.raises(ProtocolError, match="success"):
         await asyncio.wait_for(request, 1)  # not at the five-minute timeout
+    await gw.settle()
     [audit] = gw.store.audits
     assert "success" in audit["details"]["reason"]
+    peer.leave()
+
+
+async def test_a_request_to_a_closed_socket_fails_at_once() -> None:
+    gw = FakeGateway()
+    peer, conn = await _registered(gw)
+    peer.leave()
+    with pytest.raises(ExecutorUnavailableError):
+        await conn.request("req-1", wire.recovery_request("req-1", ["dead-1"]), timeout=timedelta(minutes=5))
 
 
 @given(st.lists(frames, max_size=3), st.booleans(), st.lists(frames, max_size=3))
@@ -460,20 +568,33 @@ async def test_serve_closes_on_anything_but_a_handshake_and_serves_after_one(
 ) -> None:
     gw = FakeGateway()
     script = [*before, *([HANDSHAKE] if handshake else []), *after]
-    socket = FakeSocket(list(script))
-    await ws._serve(cast(Gateway, gw), cast(WebSocket, socket), ws.Joined("acme", "shop", "app-1", "key-1", "10.0.0.7"))
+    peer = Peer(gw)
+    serving = asyncio.ensure_future(peer.protocol.serve(cast(Gateway, gw), JOINED))
+    await _turns()
+    peer.read()
+    for frame in script:
+        peer.send(frame)
+        await _turns()
+    handshake_due = peer.protocol.handshake
+    async with asyncio.timeout(5):  # until it is done with what it was sent: closed, registered, or still waiting
+        while not (serving.done() or (handshake_due is not None and not handshake_due.done())):  # noqa: ASYNC110
+            await asyncio.sleep(0.001)
+    peer.leave()
+    await asyncio.wait_for(serving, 5)
+    await gw.settle()
+    peer.read()
 
-    assert json.loads(socket.sent[0])["type"] == "executor_info"  # the server speaks first
+    assert json.loads(peer.received[0])["type"] == "executor_info"  # the server speaks first
     if not script:  # the peer left before answering: nothing to register
-        assert not gw.connected and not gw.store.audits and socket.closed is None
+        assert not gw.connected and not gw.store.audits and peer.closed is None
     elif script[0] is HANDSHAKE:  # registered, served until the peer left, then detached and signalled
         [signal] = gw.connected
         assert (signal.info.executor_id, signal.info.application_version) == ("ex-1", "v1")
         assert gw.disconnected == [signal.connection_id] and len(gw.hub) == 0
         assert len(gw.store.audits) == _malformed(after)
     else:  # anything else first breaks the protocol: audited, closed, never registered
-        assert socket.closed is not None and socket.closed[0] == ProtocolError.close_code
-        assert len(socket.closed[1].encode()) <= 123  # RFC 6455 5.5: a close frame's reason is at most 123 bytes
+        assert peer.closed is not None and peer.closed[0] == ProtocolError.close_code
+        assert len(peer.closed[1].encode()) <= 123  # RFC 6455 5.5: a close frame's reason is at most 123 bytes
         [audit] = gw.store.audits
         assert audit["operation"] == "executor.protocol_error"
         _clipped(audit["details"]["reason"])
