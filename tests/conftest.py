@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import pytest
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.temporal import venv_binary
+from gateway.temporal import data_converter, venv_binary
 
 
 @pytest.fixture(scope="session")
@@ -24,7 +23,7 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
     """
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(venv_binary("temporal-test-server")),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter,
     )
     try:
         yield env

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -83,10 +83,14 @@ class FakeRelay:
     pending_replies: dict[str, list[ExistPendingReply]] = field(default_factory=dict)
     # When set, dispatch_recovery hangs (a peer that never answers) until this is set.
     dispatch_gate: asyncio.Event | None = None
-    # When set, record_status for "executor.healthy" waits for it (a slow registry write).
+    # When set, record_status for "executor.healthy" waits for it (a slow registry write)...
     healthy_gate: asyncio.Event | None = None
+    # ... and this is set once that write has begun.
+    healthy_writing: asyncio.Event = field(default_factory=asyncio.Event)
     # record_status / write_audit operations whose first attempt raises TransientError.
     fail_first_attempt: set[str] = field(default_factory=set)
+    # The test server's clock. A local activity's scheduled time is the worker's wall clock, not the workflow's.
+    clock: Callable[[], Awaitable[datetime]] | None = None
 
     records: list[Call[RecordStatusInput]] = field(default_factory=list)
     timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
@@ -127,17 +131,18 @@ class FakeRelay:
     @activity.defn(name=Activity.RECORD_STATUS)
     async def record_status(self, input: RecordStatusInput) -> None:
         if self.healthy_gate is not None and input.operation == "executor.healthy":
+            self.healthy_writing.set()
             await self.healthy_gate.wait()
-        self._fail_first(_record(self.records, input), input.operation)
+        self._fail_first(await self._call(self.records, input), input.operation)
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
-        _record(self.timeouts, input)
+        await self._call(self.timeouts, input)
         return self.grace
 
     @activity.defn(name=Activity.SELECT_CANDIDATE)
     async def select_candidate(self, input: SelectCandidateInput) -> Candidate | None:
-        _record(self.selects, input)
+        await self._call(self.selects, input)
         if self.candidate_script:
             return self.candidate_script.pop(0)
         if not self.peers_available:
@@ -146,17 +151,17 @@ class FakeRelay:
 
     @activity.defn(name=Activity.WRITE_AUDIT)
     async def write_audit(self, input: WriteAuditInput) -> None:
-        self._fail_first(_record(self.audit_calls, input), input.operation)
+        self._fail_first(await self._call(self.audit_calls, input), input.operation)
 
     @activity.defn(name=Activity.DELETE_EXECUTOR)
     async def delete_executor(self, input: DeleteExecutorInput) -> None:
-        _record(self.deletes, input)
+        await self._call(self.deletes, input)
 
     # -- socket-bound activities (each candidate's gateway queue) ---------------------------------------------
 
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
-        _record(self.dispatches, input)
+        await self._call(self.dispatches, input)
         if self.dispatch_gate is not None:
             while not self.dispatch_gate.is_set():  # a peer that never answers, on a gateway that is alive
                 activity.heartbeat()
@@ -170,9 +175,18 @@ class FakeRelay:
 
     @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
     async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:
-        _record(self.exist_calls, input)
+        await self._call(self.exist_calls, input)
         script = self.pending_replies.get(input.executor_id)
         return script.pop(0) if script else ExistPendingReply(exist=False)
+
+    async def _call(self, calls: list[Call[T]], input: T) -> Call[T]:
+        info = activity.info()
+        scheduled = info.current_attempt_scheduled_time
+        if info.is_local and self.clock is not None:
+            scheduled = await self.clock()
+        call = Call(input, info.attempt, info.task_queue, scheduled)
+        calls.append(call)
+        return call
 
     def _fail_first(self, call: Call[T], operation: str) -> None:
         if operation in self.fail_first_attempt and call.attempt == 1:
@@ -183,13 +197,6 @@ class FakeRelay:
 def keyed(calls: Sequence[Call[RecordStatusInput] | Call[WriteAuditInput]]) -> list[tuple[str, str, int, bool]]:
     """(event_key, operation, attempt, failed) of each try."""
     return [(c.input.event_key, c.input.operation, c.attempt, c.failed) for c in calls]
-
-
-def _record(calls: list[Call[T]], input: T) -> Call[T]:
-    info = activity.info()
-    call = Call(input, info.attempt, info.task_queue, info.current_attempt_scheduled_time)
-    calls.append(call)
-    return call
 
 
 @dataclass

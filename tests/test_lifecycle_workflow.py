@@ -60,7 +60,7 @@ async def relay(time_skipping_env: WorkflowEnvironment, request: pytest.FixtureR
     """
     sandboxed: bool = getattr(request, "param", True)
     client = time_skipping_env.client
-    fakes = FakeRelay(task_queue=f"relay-test-{uuid.uuid4()}")
+    fakes = FakeRelay(task_queue=f"relay-test-{uuid.uuid4()}", clock=time_skipping_env.get_current_time)
     relay = Relay(time_skipping_env, fakes)
     runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
     async with contextlib.AsyncExitStack() as stack:
@@ -507,10 +507,12 @@ async def test_disconnect_while_the_healthy_record_is_written_starts_one_grace(r
     await assert_eventually(recording)
     await asyncio.sleep(0.2)  # the healthy write is in flight (held by the gate)
     await relay.disconnect("c1")
-    await relay.settle()
+    # The write is a local activity: its workflow task is busy, so the server holds the signal until it ends.
+    await asyncio.sleep(0.3)
     fakes.healthy_gate.set()
     # One grace, no phantom "reconnected" of the connection that was being recorded.
     await relay.wait_statuses(HEALTHY, DISCONNECTED)
+    await relay.settle()
     await asyncio.sleep(0.3)
     assert fakes.statuses() == [HEALTHY, DISCONNECTED] and len(fakes.timeouts) == 1
     await relay.stop()

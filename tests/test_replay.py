@@ -18,18 +18,18 @@ from types import ModuleType
 
 import pytest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from temporalio.workflow import NondeterminismError
 
+from gateway.temporal import data_converter
 from tests.histories.scenarios import SCENARIOS
 from workflows import gateway, lifecycle
 from workflows.gateway import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 HISTORIES = Path(__file__).parent / "histories"
-FIXTURES = sorted(HISTORIES.glob("*.json"))
+FIXTURES = sorted(HISTORIES.rglob("*.json"))  # the current recordings, and older ones in subfolders
 _BUDGET = re.compile(r"-signal-budget-(\d+)\b")
 
 
@@ -57,7 +57,7 @@ async def _replay(path: Path, workflows: list[type], monkeypatch: pytest.MonkeyP
             sandboxed = False
         replayer = Replayer(
             workflows=workflows,
-            data_converter=pydantic_data_converter,
+            data_converter=data_converter,
             workflow_runner=SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner(),
         )
         result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
@@ -89,11 +89,11 @@ Mutation = Callable[[ast.Module], None]
 
 
 def _activity_call(stmt: ast.stmt) -> bool:
-    """``await workflow.execute_activity(...)`` or ``await self._audit/_record(...)`` as a statement."""
+    """``await workflow.execute_activity(...)`` or ``await self._db/_audit/_record(...)`` as a statement."""
     if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Await)
             and isinstance(stmt.value.value, ast.Call) and isinstance(stmt.value.value.func, ast.Attribute)):
         return False
-    return stmt.value.value.func.attr in {"execute_activity", "_audit", "_record"}
+    return stmt.value.value.func.attr in {"execute_activity", "_db", "_audit", "_record"}
 
 
 def _bodies(tree: ast.Module) -> list[list[ast.stmt]]:

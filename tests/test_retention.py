@@ -20,7 +20,6 @@ from typing import Any, TypeVar
 import pytest
 from temporalio import activity
 from temporalio.client import WorkflowHandle
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
@@ -30,7 +29,7 @@ from gateway import units, wire
 from gateway.errors import ProtocolError
 from gateway.models import Application, Executor, ExecutorStatus, make_engine
 from gateway.store import Store
-from gateway.temporal import venv_binary
+from gateway.temporal import data_converter, venv_binary
 from tests.conftest import assert_eventually
 from workflows.inputs import (
     Activity,
@@ -373,7 +372,7 @@ async def _bounded(waiting: Awaitable[T]) -> T:
 
 async def _time_skipping_server() -> WorkflowEnvironment:
     return await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(venv_binary("temporal-test-server")), data_converter=pydantic_data_converter,
+        test_server_existing_path=str(venv_binary("temporal-test-server")), data_converter=data_converter,
     )
 
 
@@ -476,7 +475,7 @@ async def test_a_round_messages_each_app_with_a_setting_once_with_its_cutoffs(ts
     assert {s.app for s in ts_rounds.fakes.selects} == {full.app, rows.app}
 
     # Deterministic: the recorded histories replay.
-    replayer = Replayer(workflows=[RetentionWorkflow, AppRetentionWorkflow], data_converter=pydantic_data_converter)
+    replayer = Replayer(workflows=[RetentionWorkflow, AppRetentionWorkflow], data_converter=data_converter)
     await replayer.replay_workflow(await ts_rounds.child(full.app).fetch_history())
 
 

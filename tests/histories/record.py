@@ -27,12 +27,11 @@ import pytest
 from temporalio.api.enums.v1 import EventType, IndexedValueType
 from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from gateway.temporal import venv_binary
+from gateway.temporal import data_converter, venv_binary
 from tests.histories.scenarios import SCENARIOS, Lifecycle, Scenario, ScenarioError, check, gateway_watch
 from tests.lifecycle_fakes import FakeRelay, Relay
 from workflows import lifecycle
@@ -45,7 +44,7 @@ HISTORIES = Path(__file__).parent
 async def start_env() -> WorkflowEnvironment:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(venv_binary("temporal-test-server")),
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter,
     )
     # Relay's attributes, as `relay dev` and docker-compose register them, so the status upserts are recorded.
     await env.client.operator_service.add_search_attributes(AddSearchAttributesRequest(
@@ -71,7 +70,7 @@ def _signal_budget(budget: int | None) -> Iterator[None]:
 async def _lifecycle_workers(env: WorkflowEnvironment, scenario: Scenario) -> AsyncIterator[Lifecycle]:
     """As test_lifecycle_workflow's fixture: the workflow and database fakes on the scenario's queue, each
     peer's fakes on its own gateway queue."""
-    fakes = FakeRelay(task_queue=f"record-{scenario.name}")
+    fakes = FakeRelay(task_queue=f"record-{scenario.name}", clock=env.get_current_time)
     relay = Relay(env, fakes, executor_id=f"exec-{scenario.name}")
     runner = UnsandboxedWorkflowRunner() if scenario.signal_budget else SandboxedWorkflowRunner()
     async with contextlib.AsyncExitStack() as stack:
