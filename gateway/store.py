@@ -402,24 +402,24 @@ class Store:
             s.commit()
             return [row.id for row in keys]
 
-    def revoked_key_ids(self, key_ids: set[str]) -> set[str]:
-        """Those of ``key_ids`` that no longer authenticate (revoked, or gone)."""
-        if not key_ids:
-            return set()
+    def still_valid(self, key_ids: set[str], pairs: set[tuple[str, str]]
+                    ) -> tuple[set[str], dict[tuple[str, str], str]]:
+        """In one session: those of ``key_ids`` that no longer authenticate, and the ids of those ``(org, app)``
+        that are registered (what a gateway checks its sockets against, twice a second)."""
+        live: set[str] = set()
+        registered: dict[tuple[str, str], str] = {}
+        if not key_ids and not pairs:
+            return set(), {}
         with Session(self.engine) as s:
-            live = s.exec(select(ApiKey.id).where(col(ApiKey.id).in_(key_ids),
-                                                  col(ApiKey.revoked_at).is_(None))).all()
-        return key_ids - set(live)
-
-    def app_ids(self, pairs: set[tuple[str, str]]) -> dict[tuple[str, str], str]:
-        """The ids of those ``(org, app)`` that are registered."""
-        if not pairs:
-            return {}
-        orgs, names = {org for org, _ in pairs}, {name for _, name in pairs}
-        with Session(self.engine) as s:
-            rows = s.exec(select(Application.org, Application.name, Application.id).where(
-                col(Application.org).in_(orgs), col(Application.name).in_(names))).all()
-        return {(org, name): app_id for org, name, app_id in rows if (org, name) in pairs}
+            if key_ids:
+                live = set(s.exec(select(ApiKey.id).where(col(ApiKey.id).in_(key_ids),
+                                                          col(ApiKey.revoked_at).is_(None))).all())
+            if pairs:
+                orgs, names = {org for org, _ in pairs}, {name for _, name in pairs}
+                rows = s.exec(select(Application.org, Application.name, Application.id).where(
+                    col(Application.org).in_(orgs), col(Application.name).in_(names))).all()
+                registered = {(org, name): app_id for org, name, app_id in rows if (org, name) in pairs}
+        return key_ids - live, registered
 
     def query_audit(self, org: str, *, start: datetime | None = None, end: datetime | None = None,
                     operation: str | None = None, subject: str | None = None, target: str | None = None,
