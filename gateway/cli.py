@@ -10,20 +10,27 @@ import sys
 from collections.abc import Sequence
 
 from gateway import admin_cli
+from gateway.errors import RelayError
 from gateway.logs import install_redaction
 from gateway.models import make_engine
 from gateway.settings import Settings
-from gateway.store import Store
+from gateway.store import SYSTEM_SUBJECT, Store
 
 log = logging.getLogger("relay")
 DEV_ORG = "local"
 
 
 def _keys_create(settings: Settings, args: argparse.Namespace) -> None:
+    """As ``createToken`` does it (names unique among live tokens, audited), straight in the local database."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(make_engine(settings.db_url))
-    print(store.create_key(org=args.org, name=args.name, apps=args.app or None))
-    store.engine.dispose()
+    try:
+        print(store.create_token(org=args.org, name=args.name, apps=args.app or None, subject=SYSTEM_SUBJECT,
+                                 source_ip=""))
+    except RelayError as err:
+        sys.exit(f"error: {err.detail}")
+    finally:
+        store.engine.dispose()
 
 
 def parser() -> argparse.ArgumentParser:

@@ -5,11 +5,13 @@ Each command's effect is checked through the REST API directly, not through the 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import queue
 import signal
+import sqlite3
 import subprocess
 import threading
 import uuid
@@ -228,6 +230,12 @@ def test_keys_bootstrap_in_the_local_database_without_an_api_key(relay: Relay) -
     name = new_name("local")
     token = relay_cli(relay, "keys", "create", "--name", name, url=False).stdout.strip()
     assert token.startswith("dbos_")
+    # As through the API: a live token's name is taken (409 there), and the creation is audited.
+    assert "already has a token named" in relay_cli(relay, "keys", "create", "--name", name, url=False, rc=1).stderr
+    with contextlib.closing(sqlite3.connect(relay.data_dir / "relay.db")) as db:
+        created = db.execute("SELECT subject, org FROM auditlog WHERE operation = 'token.created' "
+                             "AND json_extract(details, '$.tokenName') = ?", (name,)).fetchall()
+    assert created == [("system", "local")]
     with httpx.Client(base_url=relay.url, headers={"Authorization": f"Bearer {token}"}) as client:
         assert client.get("/v2/orgs/local/apps").status_code == 200
     assert name in {t["tokenName"] for t in json.loads(relay_cli(relay, "keys", "list", "-o", "json").stdout)}
