@@ -10,7 +10,19 @@ from pathlib import Path
 import pytest
 
 from tests.rawclient import RawClient
-from tests.support import VENV_BIN, Process, Relay, healthy, relay_env, start_temporal, wait_until
+from tests.support import (
+    VENV_BIN,
+    Process,
+    RawPeer,
+    Relay,
+    audit_rows,
+    free_port,
+    healthy,
+    registry,
+    relay_env,
+    start_temporal,
+    wait_until,
+)
 
 pytestmark = pytest.mark.e2e
 HEARTBEAT_TIMEOUT = 2.0
@@ -70,3 +82,46 @@ def test_killed_gateway_disconnects_its_executors(cluster: tuple[dict[str, str],
         assert ops == ["executor.healthy", "executor.disconnected"], ops
     finally:
         second.process.stop()
+
+
+def test_peer_gateway_killed_mid_recovery_moves_on_to_a_peer_elsewhere(
+    cluster: tuple[dict[str, str], Process], tmp_path: Path
+) -> None:
+    """The recovery request is on its way through the peer's gateway when that gateway is SIGKILLed: the
+    socket-bound activity's heartbeat timeout fails the attempt, and a peer on another gateway recovers."""
+    env, _worker = cluster
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
+                         text=True, timeout=60).stdout.strip()
+    app = "two-gateways"
+    first = _gateway(env, tmp_path, key, "gateway-1.log")
+    second = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-2.log")
+    peers: list[RawPeer] = []
+    try:
+        with first.api() as api:
+            api.put(f"/v2/orgs/local/apps/{app}")
+            api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": 1})
+        stuck = RawPeer(second.ws_url, app, key, "stuck", answer=lambda request: None, reconnect=False)
+        dead = RawPeer(first.ws_url, app, key, "dead")
+        peers += [stuck, dead]
+        wait_until(lambda: registry(tmp_path, app) == {"stuck": "HEALTHY", "dead": "HEALTHY"}, timeout=15,
+                   what="both HEALTHY")
+        dead.stop()
+        wait_until(lambda: stuck.requests_of("recovery"), timeout=15, what="the recovery request at the stuck peer")
+        second.process.kill()  # mid-request: no reply, no `disconnected`, no activity failure from it
+        rescuer = RawPeer(first.ws_url, app, key, "rescuer")
+        peers.append(rescuer)
+        wait_until(lambda: "dead" not in registry(tmp_path, app), timeout=40, what="recovered through the rescuer")
+        # Once for "dead" (the stuck peer, DISCONNECTED with its gateway, is then recovered by the rescuer too).
+        assert [r["executor_ids"] for r in rescuer.requests_of("recovery")].count(["dead"]) == 1
+        rows = [r for r in audit_rows(tmp_path, app, "dead") if r.operation.startswith("executor.recovery.")]
+        assert [(r.operation, r.details.get("candidate")) for r in rows] == [
+            ("executor.recovery.dispatched", "stuck"), ("executor.recovery.failed", "stuck"),
+            ("executor.recovery.dispatched", "rescuer"), ("executor.recovery.succeeded", "rescuer"),
+        ], rows
+        # The gateway watch saw the stuck peer's gateway go (it is then recovered in turn, by the rescuer).
+        assert "executor.disconnected" in [r.operation for r in audit_rows(tmp_path, app, "stuck")]
+    finally:
+        for peer in peers:
+            peer.stop()
+        second.process.stop()
+        first.process.stop()
