@@ -39,19 +39,17 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.RECORD_STATUS)
     async def record_status(self, input: RecordStatusInput) -> None:
-        await asyncio.to_thread(
+        dead = await asyncio.to_thread(
             self._store.record_status,
             org=input.org, app=input.app, executor_id=input.executor_id,
             status=ExecutorStatus(input.status), operation=input.operation, event_key=input.event_key,
             info=dataclasses.asdict(input.info) if input.info else None,
             connection_id=input.connection_id, gateway_queue=input.gateway_queue, details=input.details,
         )
-        if input.status == ExecutorStatus.HEALTHY:
-            await self._wake_waiting_recoveries(input)
+        await self._wake_waiting_recoveries(input, dead)
 
-    async def _wake_waiting_recoveries(self, input: RecordStatusInput) -> None:
+    async def _wake_waiting_recoveries(self, input: RecordStatusInput, dead: list[str]) -> None:
         """A peer is HEALTHY: DEAD executors' workflows waiting for one look again now, not at their next check."""
-        dead = await asyncio.to_thread(self._store.dead_executors, input.org, input.app)
         if not dead:
             return
         client = activity.client()

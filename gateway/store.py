@@ -143,30 +143,35 @@ class Store:
 
     def record_status(self, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
                       event_key: str, info: dict[str, Any] | None, connection_id: str | None,
-                      gateway_queue: str | None, details: dict[str, Any]) -> None:
-        """Upsert the registry row and write its audit row, both at most once per ``event_key``."""
+                      gateway_queue: str | None, details: dict[str, Any]) -> list[str]:
+        """Upsert the registry row and write its audit row, both at most once per ``event_key``. For a HEALTHY
+        write, also returns the ids of the app's DEAD executors (each one's workflow may be waiting for a peer)."""
         with Session(self.engine) as s:
-            if s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None:
-                return  # a retried activity: this event already landed
-            now = utcnow()
-            row = s.get(Executor, (org, app, executor_id))
-            if row is None:
-                row = Executor(org=org, app=app, executor_id=executor_id, created_at=now)
-            row.status = status
-            row.updated_at = now
-            if info is not None:
-                row.app_version = info.get("application_version") or ""
-                row.hostname = info.get("hostname")
-                row.language = info.get("language")
-                row.dbos_version = info.get("dbos_version")
-                row.executor_metadata = info.get("executor_metadata")
-            if connection_id is not None:
-                row.connection_id = connection_id
-                row.gateway_queue = gateway_queue
-            s.add(row)
-            s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
-                           operation=operation, details=details, emit_time=now))
-            s.commit()
+            landed = s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None
+            if not landed:  # else a retried activity: this event already landed
+                now = utcnow()
+                row = s.get(Executor, (org, app, executor_id))
+                if row is None:
+                    row = Executor(org=org, app=app, executor_id=executor_id, created_at=now)
+                row.status = status
+                row.updated_at = now
+                if info is not None:
+                    row.app_version = info.get("application_version") or ""
+                    row.hostname = info.get("hostname")
+                    row.language = info.get("language")
+                    row.dbos_version = info.get("dbos_version")
+                    row.executor_metadata = info.get("executor_metadata")
+                if connection_id is not None:
+                    row.connection_id = connection_id
+                    row.gateway_queue = gateway_queue
+                s.add(row)
+                s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
+                               operation=operation, details=details, emit_time=now))
+                s.commit()
+            if status != ExecutorStatus.HEALTHY:
+                return []
+            return list(s.exec(select(Executor.executor_id).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all())
 
     def delete_executor(self, *, org: str, app: str, executor_id: str, event_key: str,
                         details: dict[str, Any]) -> None:
@@ -214,12 +219,6 @@ class Store:
                 s.commit()
                 s.refresh(row)
             return row, cross
-
-    def dead_executors(self, org: str, app: str) -> list[str]:
-        """Ids of the app's DEAD executors (each one's workflow may be waiting for a peer)."""
-        with Session(self.engine) as s:
-            return list(s.exec(select(Executor.executor_id).where(
-                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all())
 
     def executors_on_gateway(self, gateway_queue: str) -> list[tuple[str, str, str, str]]:
         """``(org, app, executor_id, connection_id)`` of HEALTHY executors whose socket is on that gateway."""
