@@ -54,6 +54,7 @@ class Gateway:
         )
         self.task_queue = GATEWAY_TASK_QUEUE_PREFIX + uuid.uuid4().hex
         self._background: set[asyncio.Task[None]] = set()
+        self._lanes = SignalLanes()
 
     def worker(self) -> Worker:
         return Worker(self.client, task_queue=self.task_queue, activities=HubActivities(self.hub).all())
@@ -84,7 +85,8 @@ class Gateway:
                 static_summary=f"DBOS executor {executor_id} of {org}/{app}",
             )
 
-        return await _retry(send, f"connected for {executor_id}")
+        return await self._lanes.send((org, app, executor_id), signal.connection_id, connected=True,
+                                    send=lambda: _retry(send, f"connected for {executor_id}"))
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""
@@ -94,7 +96,8 @@ class Gateway:
             handle = self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
             await handle.signal(ExecutorLifecycleWorkflow.disconnected, signal)
 
-        self.spawn(_retry(send, f"disconnected for {executor_id}"))
+        self.spawn(self._lanes.send((org, app, executor_id), connection_id, connected=False,
+                                  send=lambda: _retry(send, f"disconnected for {executor_id}")))
 
     def spawn(self, work: Awaitable[object]) -> None:
         """Run ``work`` in the background; ``drain`` waits for what is still running at shutdown."""
@@ -110,6 +113,55 @@ class Gateway:
         """Wait for in-flight ``disconnected`` signals before the process exits."""
         if self._background:
             await asyncio.wait(list(self._background), timeout=timeout.total_seconds())
+
+
+class SignalLanes:
+    """Each executor's signals, sent one at a time in the order its sockets came and went.
+
+    Sends are retried and may be slow, so without this a socket's ``connected`` could land after a newer
+    socket's, and the workflow would take the old one for current (seen with an executor reconnecting every few
+    milliseconds). A signal whose turn comes after a newer connection's ``connected`` was queued is dropped: the
+    newer connection supersedes it in the workflow anyway, and a fast-flapping executor builds no backlog.
+    """
+
+    def __init__(self) -> None:
+        self._lanes: dict[tuple[str, str, str], _Lane] = {}
+
+    def __len__(self) -> int:
+        return len(self._lanes)
+
+    async def send(self, executor: tuple[str, str, str], connection_id: str, *, connected: bool,
+                   send: Callable[[], Awaitable[bool]]) -> bool:
+        """``send()``'s result, or True when the signal was dropped as stale."""
+        lane = self._lanes.get(executor)
+        if lane is None:
+            lane = self._lanes[executor] = _Lane()
+            lane.latest = connection_id  # nothing newer is queued
+        elif connected:
+            lane.latest = connection_id
+        previous, mine = lane.tail, asyncio.get_running_loop().create_future()
+        lane.tail = mine
+        try:
+            if previous is not None:
+                await asyncio.shield(previous)  # a cancelled waiter must not cancel the one it waits for
+            if lane.latest != connection_id:
+                return True
+            return await send()
+        finally:
+            if not mine.done():
+                mine.set_result(None)
+            if lane.tail is mine:
+                del self._lanes[executor]
+
+
+class _Lane:
+    """The last signal queued (the next one waits for it), and the connection of the newest ``connected``."""
+
+    __slots__ = ("tail", "latest")
+
+    def __init__(self) -> None:
+        self.tail: asyncio.Future[None] | None = None
+        self.latest = ""
 
 
 async def _drop(work: Awaitable[object]) -> None:
