@@ -75,6 +75,7 @@ class ExecutorSocket(LivenessProtocol):
         self.registered = False  # `connected` sent: from then on a close is reported by connection_lost
         self.held_key: str | None = None  # the key whose connection slot this socket holds
         self.malformed = 0
+        self.audits: list[dict[str, Any]] | None = None  # rows being written, oldest first
 
     # -- the upgrade ----------------------------------------------------------------------------------------
 
@@ -267,10 +268,26 @@ class ExecutorSocket(LivenessProtocol):
         gw = self.gateway()
         if self.malformed <= MALFORMED_AUDITED or gw.admission.should_report(conn.connection_id, "malformed"):
             log.warning("malformed frame from executor %s: %s", conn.executor_id, err.detail)
-            gw.spawn(asyncio.to_thread(
-                gw.store.write_audit, org=conn.org, app=conn.app, executor_id=conn.executor_id,
-                operation="executor.protocol_error", status="failure",
-                details={"reason": err.detail, "connection_id": conn.connection_id, "count": self.malformed}))
+            self._audit(gw, org=conn.org, app=conn.app, executor_id=conn.executor_id,
+                        operation="executor.protocol_error", status="failure",
+                        details={"reason": err.detail, "connection_id": conn.connection_id, "count": self.malformed})
+
+    def _audit(self, gw: Gateway, **row: Any) -> None:
+        """Write an audit row in the background, after this socket's earlier ones (in the order of the frames)."""
+        if self.audits is None:
+            self.audits = []
+        self.audits.append(row)
+        if len(self.audits) == 1:
+            gw.spawn(self._write_audits(gw, self.audits))
+
+    @staticmethod
+    async def _write_audits(gw: Gateway, rows: list[dict[str, Any]]) -> None:
+        while rows:
+            try:
+                await asyncio.to_thread(gw.store.write_audit, **rows[0])
+            except Exception:  # one row lost must not strand the ones after it
+                log.exception("could not write an audit row for an executor socket")
+            del rows[0]
 
     # -- sending and closing ----------------------------------------------------------------------------------
 

@@ -388,6 +388,8 @@ def test_lost_recovery_reply_is_retried_harmlessly(stack: Stack, executors: Exec
         by_peer = executors.steps_by("peer")
         assert by_peer and len(by_peer) == len(set(by_peer))
         assert sorted(set(executors.steps_by("a")) | set(by_peer)) == list(range(20))
-        assert not set(executors.steps_by("a")) & set(by_peer)
+        # Only the step A was in when killed may run twice: it logs its line just before DBOS checkpoints it.
+        by_a = executors.steps_by("a")
+        assert set(by_a) & set(by_peer) <= {max(by_a)}
     finally:
         proxy.close()
