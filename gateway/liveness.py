@@ -4,45 +4,119 @@ A subclass of uvicorn's websockets-sansio protocol stamps every ``data_received`
 alike — and aborts the transport once the ping wait passes with nothing received. The disconnect is seen at
 once, with no close handshake to wait out. The server keeps pinging on its interval, so a healthy executor that
 never pings still produces pongs; a slow pong is not a failure by itself.
+
+Both the pings and the silence checks run off one ticker per event loop (``Keepalive``), not two asyncio timers
+per socket: with thousands of sockets those timers kept asyncio's timer heap large, and an idle gateway spent
+more on heap upkeep than on the pings themselves.
 """
 
 from __future__ import annotations
 
+import asyncio
+import math
+import weakref
 from asyncio import BaseTransport, TimerHandle
-from typing import Any
+from typing import Any, ClassVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+TICK = 0.25  # seconds: how late a ping or a silence check may come, at most
+
+
+class Keepalive:
+    """Sockets by the tick at which they next need looking at (a ping due, or their silence deadline)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.slots: dict[int, set[LivenessProtocol]] = {}
+        self.ticker: TimerHandle | None = None
+
+    def watch(self, protocol: LivenessProtocol, when: float) -> None:
+        self.forget(protocol)
+        slot = math.ceil(when / TICK)
+        self.slots.setdefault(slot, set()).add(protocol)
+        protocol.slot = slot
+        if self.ticker is None:
+            self.ticker = self.loop.call_later(TICK, self._tick)
+
+    def forget(self, protocol: LivenessProtocol) -> None:
+        if protocol.slot is not None:
+            group = self.slots.get(protocol.slot)
+            if group is not None:
+                group.discard(protocol)
+                if not group:
+                    del self.slots[protocol.slot]
+            protocol.slot = None
+
+    def _tick(self) -> None:
+        now = self.loop.time()
+        current = math.floor(now / TICK)
+        for slot in [s for s in self.slots if s <= current]:
+            for protocol in self.slots.pop(slot, ()):
+                protocol.slot = None
+                protocol.check(now)
+        self.ticker = self.loop.call_later(TICK, self._tick) if self.slots else None
 
 
 class LivenessProtocol(WebSocketsSansIOProtocol):
     ping_wait_s: float = 25.0  # set by the subclass the server is configured with
+    _keepalives: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Keepalive]] = (
+        weakref.WeakKeyDictionary())
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # Pong deadlines are replaced by the silence deadline below.
         self.ping_timeout = None
         self.last_frame_at = 0.0
-        self.silence_timer: TimerHandle | None = None
+        self.next_ping_at: float | None = None  # None: not pinging (before the upgrade, after the close)
+        self.slot: int | None = None
+        keepalive = self._keepalives.get(self.loop)
+        if keepalive is None:
+            keepalive = self._keepalives[self.loop] = Keepalive(self.loop)
+        self.keepalive = keepalive
 
     def connection_made(self, transport: BaseTransport) -> None:
         super().connection_made(transport)
         self.last_frame_at = self.loop.time()
-        self.silence_timer = self.loop.call_later(self.ping_wait_s, self._check_silence)
+        self.keepalive.watch(self, self.last_frame_at + self.ping_wait_s)
 
     def data_received(self, data: bytes) -> None:
-        self.last_frame_at = self.loop.time()
+        self.last_frame_at = self.loop.time()  # the deadline moves; the ticker finds out when it looks next
         super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.silence_timer is not None:
-            self.silence_timer.cancel()
-            self.silence_timer = None
+        self.keepalive.forget(self)
         super().connection_lost(exc)
 
-    def _check_silence(self) -> None:
-        remaining = self.last_frame_at + self.ping_wait_s - self.loop.time()
-        if remaining > 0:
-            self.silence_timer = self.loop.call_later(remaining, self._check_silence)
+    # uvicorn's keepalive, driven by the ticker instead of a timer per socket.
+
+    def start_keepalive(self) -> None:
+        if self.ping_interval is not None and self.ping_interval > 0:
+            self.next_ping_at = self.loop.time() + self.ping_interval
+            self._rewatch()
+
+    def stop_keepalive(self) -> None:
+        self.next_ping_at = None
+        self.pending_ping_payload = None
+
+    def schedule_ping(self) -> None:
+        pass  # the ticker sends the next one
+
+    def check(self, now: float) -> None:
+        """Called by the ticker when this socket's ping or silence deadline may be due."""
+        if self.transport is None or self.transport.is_closing():
             return
-        self.silence_timer = None
-        self.transport.abort()
+        if now >= self.last_frame_at + self.ping_wait_s:
+            self.transport.abort()
+            return
+        if self.next_ping_at is not None and now >= self.next_ping_at:
+            self.send_keepalive_ping()
+            if self.next_ping_at is not None and self.ping_interval is not None:
+                self.next_ping_at = now + self.ping_interval
+        self._rewatch()
+
+    def _rewatch(self) -> None:
+        due = self.last_frame_at + self.ping_wait_s
+        if self.next_ping_at is not None:
+            due = min(due, self.next_ping_at)
+        self.keepalive.watch(self, due)
