@@ -100,7 +100,8 @@ class ExecutorSocket(LivenessProtocol):
             joined = await self._admit(gw, request, app_name, key, source_ip)
             if joined is None:
                 return
-            if self.transport.is_closing():  # gone while being admitted
+            if self.disconnected or self.transport.is_closing():  # gone while being admitted
+                self._release(gw)
                 return
             del response.headers["Date"]
             response.headers.update((k.decode("latin-1"), v.decode("latin-1")) for k, v in self.default_headers)
@@ -119,11 +120,11 @@ class ExecutorSocket(LivenessProtocol):
 
     async def _admit(self, gw: Gateway, request: Request, app_name: str, key: str, source_ip: str) -> Joined | None:
         org: str | None = None
+        digest = hash_key(key)
         try:
             gw.admission.check_origin(request.headers.get("Origin"))
             if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
                 raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
-            digest = hash_key(key)
             gw.admission.check_unknown(digest)
             principal, application = await asyncio.to_thread(_join, gw.store, key, app_name, source_ip)
             org = principal.org
@@ -133,7 +134,7 @@ class ExecutorSocket(LivenessProtocol):
             self.held_key = principal.key_id
             return Joined(principal.org, app_name, application.id, principal.key_id, source_ip)
         except _Unknown as err:
-            gw.admission.remember_unknown(hash_key(key))
+            gw.admission.remember_unknown(digest)
             await self._refuse(gw, err.error, app=app_name, org=None, source_ip=source_ip)
         except RelayError as err:
             await self._refuse(gw, err, app=app_name, org=org, source_ip=source_ip)
@@ -318,16 +319,20 @@ class ExecutorSocket(LivenessProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
-        if self.session is None:
-            return
+        if self.session is None and self.held_key is None:
+            return  # not an executor socket, or one refused or still being admitted (``_open`` sees it gone)
         gw = self.gateway()
-        if self.held_key is not None:
-            gw.admission.release(self.held_key)
-            self.held_key = None
+        self._release(gw)
         if self.handshake is not None and not self.handshake.done():
             self.handshake.set_exception(_Lost())
         if self.executor is not None and self.registered:
             self._gone(gw, self.executor)
+
+    def _release(self, gw: Gateway) -> None:
+        """Give back the key's connection slot, once."""
+        if self.held_key is not None:
+            gw.admission.release(self.held_key)
+            self.held_key = None
 
     def _gone(self, gw: Gateway, conn: Connection) -> None:
         gw.hub.detach(conn)

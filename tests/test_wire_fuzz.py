@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -31,12 +32,13 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
+from gateway import models, wire, ws
 from gateway import session as sm
-from gateway import wire, ws
 from gateway.admission import Admission
 from gateway.errors import ExecutorUnavailableError, ProtocolError
 from gateway.hub import Connection, Hub
 from gateway.runtime import Gateway
+from gateway.store import Principal
 from workflows.inputs import ConnectedSignal
 
 # Audit rows and log lines quote the reason: a frame of megabytes must not make one of megabytes.
@@ -413,9 +415,20 @@ def _on_the_wire(frame: Frame) -> Frame:
 @dataclass
 class FakeStore:
     audits: list[dict[str, Any]] = field(default_factory=list)
+    # authenticate() says it was called, then waits for ``proceed`` (a slow database, in its thread).
+    looking_up: threading.Event = field(default_factory=threading.Event)
+    proceed: threading.Event = field(default_factory=threading.Event)
 
     def write_audit(self, **row: Any) -> None:
         self.audits.append(row)
+
+    def authenticate(self, key: str) -> Principal:
+        self.looking_up.set()
+        assert self.proceed.wait(5)
+        return Principal("key-1", "fleet", "acme", None)
+
+    def ensure_app(self, org: str, name: str, **_: Any) -> tuple[models.Application, bool]:
+        return models.Application(id="app-1", org=org, name=name), False
 
 
 @dataclass
@@ -599,3 +612,35 @@ async def test_serve_closes_on_anything_but_a_handshake_and_serves_after_one(
         assert audit["operation"] == "executor.protocol_error"
         _clipped(audit["details"]["reason"])
         assert not gw.connected and len(gw.hub) == 0
+
+
+@pytest.mark.parametrize("leaves", [True, False])
+async def test_a_socket_gone_while_being_admitted_gives_its_key_slot_back(leaves: bool) -> None:
+    gw = FakeGateway()
+    config = uvicorn.Config(_no_app, log_config=None, ws_ping_interval=None)
+    config.load()
+    protocol = ws.executor_protocol(25.0, lambda: cast(Gateway, gw))(config, ServerState(), {})
+    client = ClientProtocol(parse_uri("ws://relay.test/websocket/shop/dbos_not-a-real-key"))
+    transport = FakeTransport(client)
+    protocol.connection_made(transport)
+    request = client.connect()
+    opening = asyncio.ensure_future(protocol._open(request, "shop", "dbos_not-a-real-key"))
+    await asyncio.to_thread(gw.store.looking_up.wait, 5)  # the key is being looked up in the database thread
+    if leaves:
+        transport.closing = True
+        protocol.connection_lost(None)
+    gw.store.proceed.set()
+    if leaves:
+        await asyncio.wait_for(opening, 5)
+    else:
+        async with asyncio.timeout(5):
+            while client.state is not State.OPEN:  # noqa: ASYNC110 - upgraded once the lookup's thread is back
+                await asyncio.sleep(0.01)
+    # Gone while admitted: the slot it was given is back, and no upgrade was answered. Still there: it holds one.
+    assert gw.admission.open_connections("key-1") == (0 if leaves else 1)
+    assert (client.state is State.OPEN) is not leaves
+    if not leaves:
+        transport.closing = True
+        protocol.connection_lost(None)
+        await asyncio.wait_for(opening, 5)
+        assert gw.admission.open_connections("key-1") == 0
