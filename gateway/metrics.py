@@ -6,26 +6,16 @@ org: org isolation holds here too."""
 
 from __future__ import annotations
 
-from collections import Counter
-
 from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
-from sqlmodel import Session, select
 
 from gateway.api_common import Credentials
 from gateway.errors import AuthError
-from gateway.models import Executor
 from gateway.runtime import Gateway
 from gateway.store import Store
 
 router = APIRouter(tags=["Health"])
-
-
-def _executor_counts(store: Store, org: str) -> Counter[tuple[str, str, str]]:
-    with Session(store.engine) as s:
-        rows = s.exec(select(Executor.org, Executor.app, Executor.status).where(Executor.org == org)).all()
-    return Counter((org, app, str(status)) for org, app, status in rows)
 
 
 @router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
@@ -36,7 +26,7 @@ async def metrics(request: Request, credentials: Credentials) -> PlainTextRespon
     if credentials is None:
         raise AuthError("missing bearer token")
     principal = await run_in_threadpool(store.authenticate, credentials.credentials)
-    counts = await run_in_threadpool(_executor_counts, store, principal.org)
+    counts = await run_in_threadpool(store.executor_counts, principal.org)
     lines = ["# HELP relay_executors Executors in the registry, by status.", "# TYPE relay_executors gauge"]
     lines += [f'relay_executors{{org="{org}",app="{app}",status="{status}"}} {n}'
               for (org, app, status), n in sorted(counts.items())]

@@ -28,14 +28,13 @@ APP_DELETED_REASON = "application deleted"
 
 async def close_key_sockets(hub: Hub, key_ids: set[str]) -> int:
     """Close every socket of this process that authenticated with one of ``key_ids`` (close code 1008)."""
-    return await _close([c for c in hub.connections() if c.key_id in key_ids], AuthError.close_code,
+    return await _close([c for key_id in key_ids for c in hub.with_key(key_id)], AuthError.close_code,
                         REVOKED_REASON)
 
 
 async def close_app_sockets(hub: Hub, org: str, app: str) -> int:
     """Close every socket of this process that belongs to the app (close code 1008)."""
-    return await _close([c for c in hub.connections() if (c.org, c.app) == (org, app)],
-                        ForbiddenError.close_code, APP_DELETED_REASON)
+    return await _close(hub.in_app(org, app), ForbiddenError.close_code, APP_DELETED_REASON)
 
 
 async def _close(conns: list[Connection], code: int, reason: str) -> int:
@@ -62,8 +61,7 @@ class Watcher:
         if not apps:
             return 0
         revoked, app_ids = await asyncio.to_thread(self._store.still_valid, key_ids, apps)
-        doomed = [c for key_id in revoked for c in self._hub.with_key(key_id)]
-        closed = await _close(doomed, AuthError.close_code, REVOKED_REASON)
+        closed = await close_key_sockets(self._hub, revoked)
         gone = []
         for org, app in apps:
             current = app_ids.get((org, app))

@@ -220,6 +220,12 @@ class Store:
                 s.refresh(row)
             return row, cross
 
+    def executor_counts(self, org: str) -> Counter[tuple[str, str, str]]:
+        """The org's registry rows counted by ``(org, app, status)``."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor.org, Executor.app, Executor.status).where(Executor.org == org)).all()
+        return Counter((org, app, str(status)) for org, app, status in rows)
+
     def executors_on_gateway(self, gateway_queue: str) -> list[tuple[str, str, str, str]]:
         """``(org, app, executor_id, connection_id)`` of HEALTHY executors whose socket is on that gateway."""
         with Session(self.engine) as s:
@@ -407,8 +413,6 @@ class Store:
         that are registered (what a gateway checks its sockets against, twice a second)."""
         live: set[str] = set()
         registered: dict[tuple[str, str], str] = {}
-        if not key_ids and not pairs:
-            return set(), {}
         with self.engine.connect() as c:  # Core, not an ORM session: this runs twice a second on every gateway
             if key_ids:
                 live = set(c.execute(select(ApiKey.id).where(col(ApiKey.id).in_(key_ids),
