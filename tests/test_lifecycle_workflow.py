@@ -505,10 +505,10 @@ async def test_disconnect_while_the_healthy_record_is_written_starts_one_grace(r
         assert fakes.timeouts == [] and len(fakes.records) == 0
 
     await assert_eventually(recording)
-    await asyncio.sleep(0.2)  # the healthy write is in flight (held by the gate)
+    await asyncio.wait_for(fakes.healthy_writing.wait(), 10)  # the healthy write is in flight (held by the gate)
+    # Landed on the server when the call returns; the write is a local activity, so its workflow task is busy and
+    # the signal reaches the workflow once the write ends.
     await relay.disconnect("c1")
-    # The write is a local activity: its workflow task is busy, so the server holds the signal until it ends.
-    await asyncio.sleep(0.3)
     fakes.healthy_gate.set()
     # One grace, no phantom "reconnected" of the connection that was being recorded.
     await relay.wait_statuses(HEALTHY, DISCONNECTED)

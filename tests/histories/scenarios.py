@@ -275,9 +275,9 @@ async def disconnect_during_healthy_write(lc: Lifecycle) -> None:
     fakes.healthy_gate = asyncio.Event()
     await lc.connect("c1")
     await asyncio.wait_for(fakes.healthy_writing.wait(), 10)
+    # Landed on the server when the call returns; the write is a local activity, so the signal reaches the
+    # workflow once the write ends.
     await lc.relay.disconnect("c1")
-    # The write is a local activity: its workflow task is busy, so the server holds the signal until it ends.
-    await asyncio.sleep(0.3)
     fakes.healthy_gate.set()
     expect(await lc.relay.result(), "RECOVERED", attempts=1)
     check(fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD] and len(fakes.timeouts) == 1,
