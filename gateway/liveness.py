@@ -16,11 +16,13 @@ import asyncio
 import math
 import weakref
 from asyncio import BaseTransport, TimerHandle
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-TICK = 0.25  # seconds: how late a ping or a silence check may come, at most
+TICK = timedelta(milliseconds=250)  # how late a ping or a silence check may come, at most
+_TICK = TICK.total_seconds()  # on the event loop's clock, which counts seconds
 
 
 class Keepalive:
@@ -33,11 +35,11 @@ class Keepalive:
 
     def watch(self, protocol: LivenessProtocol, when: float) -> None:
         self.forget(protocol)
-        slot = math.ceil(when / TICK)
+        slot = math.ceil(when / _TICK)
         self.slots.setdefault(slot, set()).add(protocol)
         protocol.slot = slot
         if self.ticker is None:
-            self.ticker = self.loop.call_later(TICK, self._tick)
+            self.ticker = self.loop.call_later(_TICK, self._tick)
 
     def forget(self, protocol: LivenessProtocol) -> None:
         if protocol.slot is not None:
@@ -50,16 +52,16 @@ class Keepalive:
 
     def _tick(self) -> None:
         now = self.loop.time()
-        current = math.floor(now / TICK)
+        current = math.floor(now / _TICK)
         for slot in [s for s in self.slots if s <= current]:
             for protocol in self.slots.pop(slot, ()):
                 protocol.slot = None
                 protocol.check(now)
-        self.ticker = self.loop.call_later(TICK, self._tick) if self.slots else None
+        self.ticker = self.loop.call_later(_TICK, self._tick) if self.slots else None
 
 
 class LivenessProtocol(WebSocketsSansIOProtocol):
-    ping_wait_s: float = 25.0  # set by the subclass the server is configured with
+    ping_wait_s: float = 25.0  # the ping wait on the loop's clock; set by the subclass the server is configured with
     _keepalives: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Keepalive]] = (
         weakref.WeakKeyDictionary())
 

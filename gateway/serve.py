@@ -38,7 +38,7 @@ def _server(settings: Settings) -> _Server:
         app,
         host=settings.host,
         port=settings.port,
-        ws=executor_protocol(settings.executor_ping_wait.total_seconds(), lambda: app.state.gateway),
+        ws=executor_protocol(settings.executor_ping_wait, lambda: app.state.gateway),
         ws_ping_interval=settings.server_ping_interval_secs,
         ws_ping_timeout=None,
         ws_per_message_deflate=settings.ws_permessage_deflate,

@@ -17,6 +17,7 @@ import logging
 import re
 import uuid
 from dataclasses import dataclass
+from datetime import timedelta
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -358,12 +359,12 @@ def _join(store: Store, key: str, app_name: str, source_ip: str) -> tuple[Princi
     return principal, application
 
 
-def executor_protocol(ping_wait_s: float, gateway: GatewayOf) -> type[ExecutorSocket]:
+def executor_protocol(ping_wait: timedelta, gateway: GatewayOf) -> type[ExecutorSocket]:
     """The protocol class uvicorn is configured with (``ws=``): the ping wait and the running ``Gateway``."""
 
     class Configured(ExecutorSocket):
         pass
 
-    Configured.ping_wait_s = ping_wait_s
+    Configured.ping_wait_s = ping_wait.total_seconds()
     Configured.gateway = staticmethod(gateway)
     return Configured

@@ -350,14 +350,19 @@ async def _no_app(scope: Any, receive: Any, send: Any) -> None:
     raise AssertionError("executor sockets never reach the ASGI app")
 
 
+def _protocol(gw: FakeGateway) -> ws.ExecutorSocket:
+    """A connection's protocol object, as uvicorn makes it (no server pings, so tests drive every frame)."""
+    config = uvicorn.Config(_no_app, log_config=None, ws_ping_interval=None)
+    config.load()
+    return ws.executor_protocol(timedelta(seconds=25), lambda: cast(Gateway, gw))(config, ServerState(), {})
+
+
 class Peer:
     """An executor on the other end of a real ``ws.ExecutorSocket`` whose handshake with the HTTP layer is done:
     frames go through websockets' real client and server frame code in both directions."""
 
     def __init__(self, gw: FakeGateway) -> None:
-        config = uvicorn.Config(_no_app, log_config=None, ws_ping_interval=None)
-        config.load()
-        self.protocol = ws.executor_protocol(25.0, lambda: cast(Gateway, gw))(config, ServerState(), {})
+        self.protocol = _protocol(gw)
         self.protocol.conn = ServerProtocol(state=State.OPEN, max_size=None)
         self.protocol.handshake_complete = True
         self.client = ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
@@ -617,9 +622,7 @@ async def test_serve_closes_on_anything_but_a_handshake_and_serves_after_one(
 @pytest.mark.parametrize("leaves", [True, False])
 async def test_a_socket_gone_while_being_admitted_gives_its_key_slot_back(leaves: bool) -> None:
     gw = FakeGateway()
-    config = uvicorn.Config(_no_app, log_config=None, ws_ping_interval=None)
-    config.load()
-    protocol = ws.executor_protocol(25.0, lambda: cast(Gateway, gw))(config, ServerState(), {})
+    protocol = _protocol(gw)
     client = ClientProtocol(parse_uri("ws://relay.test/websocket/shop/dbos_not-a-real-key"))
     transport = FakeTransport(client)
     protocol.connection_made(transport)
