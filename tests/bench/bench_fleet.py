@@ -53,9 +53,9 @@ class Target:
 
     def settle(self, count: int) -> None:
         """Wait until the server has finished taking on ``count`` connections of the app: for Relay, until the
-        gateway's signal-with-start of each lifecycle workflow has landed in Temporal. (HEALTHY follows when the
-        worker gets to it; on this machine the worker and Temporal record ~20-60 registrations/s, so waiting
-        for HEALTHY would take minutes and measure the worker, not the gateway.)"""
+        gateway's signal-with-start of each lifecycle workflow has landed in Temporal, so the RSS read next is the
+        gateway's with every socket registered on its side. (HEALTHY follows as the worker gets to it; ``_open``
+        waits for that once, before the P2 windows.)"""
         if self.stack is not None:
             stack = self.stack
             wait_until(lambda: stack.count_workflows(APP) >= count, timeout=600, interval=0.5,
