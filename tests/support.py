@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import sqlite3
@@ -22,11 +23,31 @@ from websockets.sync.client import ClientConnection, connect
 VENV_BIN = Path(sys.executable).parent
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
+    """A port nothing listens on, below the kernel's ephemeral range: a port from ``bind(0)`` can be handed to
+    some process's outgoing connection (Temporal's own, say) before the server meant for it binds it."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        port = random.randrange(10_000, max(low, 10_001))
+        if port in _handed_out:  # given out already: its server may not have bound it yet
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _handed_out.add(port)
+            return port
+    with socket.socket() as s:  # no luck below the range: fall back to the kernel's choice
         s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+        chosen: int = s.getsockname()[1]
+        return chosen
 
 
 class Process:
