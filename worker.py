@@ -55,7 +55,7 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         # every workflow run is most of the cost of starting one (measured in the connect-storm benchmark).
         workflow_runner=SandboxedWorkflowRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.inputs",
-                                                                             "workflows.timing")),
+                                                                             "workflows.timing", "workflows.fence")),
     )
 
 

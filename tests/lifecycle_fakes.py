@@ -36,6 +36,8 @@ from workflows.inputs import (
     LifecycleInput,
     LifecycleResult,
     LifecycleState,
+    ProbeGatewayInput,
+    ProbeGatewayReply,
     RecordStatusInput,
     RecoveryReply,
     RemovedSignal,
@@ -91,6 +93,9 @@ class FakeRelay:
     fail_first_attempt: set[str] = field(default_factory=set)
     # The test server's clock. A local activity's scheduled time is the worker's wall clock, not the workflow's.
     clock: Callable[[], Awaitable[datetime]] | None = None
+    # probe_gateway on the executor's own gateway queue: answers popped first, then "alive, not held, in contact
+    # for a day" (a gateway that saw the socket close and never lost Temporal).
+    probe_replies: list[ProbeGatewayReply] = field(default_factory=list)
 
     records: list[Call[RecordStatusInput]] = field(default_factory=list)
     timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
@@ -99,6 +104,12 @@ class FakeRelay:
     deletes: list[Call[DeleteExecutorInput]] = field(default_factory=list)
     dispatches: list[Call[DispatchRecoveryInput]] = field(default_factory=list)
     exist_calls: list[Call[ExistPendingInput]] = field(default_factory=list)
+    probes: list[Call[ProbeGatewayInput]] = field(default_factory=list)
+
+    @property
+    def self_queue(self) -> str:
+        """The gateway queue of the executor under test (``Relay.connected_signal``)."""
+        return f"{self.task_queue}-gateway-self"
 
     @property
     def peers(self) -> list[Candidate]:
@@ -116,7 +127,7 @@ class FakeRelay:
             Activity.RECORD_STATUS: len(self.records), Activity.GET_EXECUTOR_TIMEOUT: len(self.timeouts),
             Activity.SELECT_CANDIDATE: len(self.selects), Activity.WRITE_AUDIT: len(self.audit_calls),
             Activity.DELETE_EXECUTOR: len(self.deletes), Activity.DISPATCH_RECOVERY: len(self.dispatches),
-            Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls),
+            Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls), Activity.PROBE_GATEWAY: len(self.probes),
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
@@ -125,6 +136,14 @@ class FakeRelay:
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]
+
+    def self_gateway_activities(self) -> list[Callable[..., Any]]:
+        return [self.probe_gateway]
+
+    @activity.defn(name=Activity.PROBE_GATEWAY)
+    async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
+        await self._call(self.probes, input)
+        return self.probe_replies.pop(0) if self.probe_replies else ProbeGatewayReply(contact_for=timedelta(days=1))
 
     # -- database activities (shared queue) -------------------------------------------------------------------
 
@@ -222,7 +241,7 @@ class Relay:
     def connected_signal(self, connection_id: str, *, signal_id: str | None = None) -> ConnectedSignal:
         return ConnectedSignal(
             connection_id=connection_id,
-            gateway_queue=f"{self.fakes.task_queue}-gateway-self",
+            gateway_queue=self.fakes.self_queue,
             info=ExecutorInfo(self.executor_id, application_version=VERSION, hostname="host-1"),
             signal_id=signal_id or str(uuid.uuid4()),
             source_ip="10.0.0.7",

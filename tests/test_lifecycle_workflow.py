@@ -72,6 +72,8 @@ async def relay(time_skipping_env: WorkflowEnvironment, request: pytest.FixtureR
             await stack.enter_async_context(
                 Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities())
             )
+        await stack.enter_async_context(
+            Worker(client, task_queue=fakes.self_queue, activities=fakes.self_gateway_activities()))
         try:
             yield relay
         finally:
@@ -357,7 +359,9 @@ async def test_continue_as_new_after_the_signal_budget_keeps_state_and_dedup_key
     await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED, DISCONNECTED)
 
 
-async def test_reconnect_during_recovery_registers_afresh_after_it(relay: Relay) -> None:
+async def test_back_before_any_recovery_request_calls_recovery_off(relay: Relay) -> None:
+    """DEAD and waiting for a peer, the executor comes back: no request has gone out, so nothing is recovered (a
+    recovery now would make a second process run its workflows); it is HEALTHY again, in the same run."""
     fakes = relay.fakes
     await relay.connect("c1")
     await relay.wait_statuses(HEALTHY)
@@ -365,15 +369,37 @@ async def test_reconnect_during_recovery_registers_afresh_after_it(relay: Relay)
     await relay.disconnect("c1")
     await relay.env.sleep(GRACE + timedelta(seconds=5))
 
-    def recovering() -> None:
+    def blocked() -> None:
         assert fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]
         assert fakes.selects and "executor.recovery.blocked" in fakes.audits()
 
-    await assert_eventually(recovering)
+    await assert_eventually(blocked)
     first_run = (await relay.latest.describe()).run_id
-    await relay.connect("c2")  # back while its workflows are being handed over: that cannot be taken back
+    await relay.connect("c2")
     fakes.peers_available = True
-    await relay.env.sleep(BLOCKED_RECHECK + timedelta(minutes=1))  # past the blocked re-check
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    assert not fakes.dispatches and not fakes.deletes
+    assert fakes.audits()[-1] == "executor.recovery.cancelled", fakes.audits()
+    description = await relay.latest.describe()
+    assert description.run_id == first_run and description.status == WorkflowExecutionStatus.RUNNING
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id, state.revived) == ("HEALTHY", "c2", False)
+
+
+async def test_reconnect_during_a_recovery_request_registers_afresh_after_it(relay: Relay) -> None:
+    """Back while the request is out: that cannot be taken back, so recovery completes, then it is registered."""
+    fakes = relay.fakes
+    fakes.dispatch_gate = asyncio.Event()
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+    await assert_eventually(lambda: _assert(len(fakes.dispatches) == 1))
+    first_run = (await relay.latest.describe()).run_id
+    await relay.connect("c2")
+    await relay.settle()
+    fakes.dispatch_gate.set()
 
     await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, HEALTHY)
     [delete] = fakes.deletes
@@ -533,3 +559,7 @@ async def test_cross_version_candidate_is_used_and_the_audit_says_so(relay: Rela
     # Confirmation still asks about the dead executor's own version: that is what its pending workflows carry.
     [confirm] = fakes.exist_calls
     assert confirm.input.app_version == VERSION
+
+
+def _assert(condition: bool) -> None:
+    assert condition

@@ -2,8 +2,11 @@
 
 A gateway that dies (SIGKILL, lost host) never sends ``disconnected`` for the executors it held. This workflow
 keeps a heartbeating activity running on the gateway's own task queue; when its heartbeats stop, Temporal fails
-the activity at the heartbeat timeout, and the workflow disconnects every executor the registry still places
-on that gateway — at that moment, so their grace periods start.
+the activity at the heartbeat timeout. Missed heartbeats alone mean "no news" (Temporal itself may have been
+away), so the workflow then probes the gateway (``workflows.fence``): a gateway that picks the probe up is alive
+and its hold starts again; only one that does not is gone, and the workflow disconnects every executor the
+registry still places on it — at that moment, so their grace periods start. The gateway restarts its watch
+whenever it finds it not running, and the workflow id keeps it to one per gateway.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
+from workflows import fence
+
 with workflow.unsafe.imports_passed_through():
     from workflows.inputs import (
         Activity,
@@ -19,7 +24,11 @@ with workflow.unsafe.imports_passed_through():
         DisconnectGatewayResult,
         GatewayInput,
         HoldGatewayInput,
+        ProbeGatewayInput,
     )
+
+# From this patch on, a hold that fails is confirmed with a probe before the gateway's executors are disconnected.
+CONFIRM_PATCH = "confirm-gateway-gone"
 
 
 @workflow.defn
@@ -39,6 +48,9 @@ class GatewayWorkflow:
                 summary=f"hold {input.gateway_queue}",
             )
         except ActivityError as err:
+            if workflow.patched(CONFIRM_PATCH) and await fence.probe(
+                    input.gateway_queue, ProbeGatewayInput(), timeout=input.heartbeat_timeout) is not None:
+                workflow.continue_as_new(input)  # alive after all (Temporal was away, say): hold again
             reason = f"gateway gone: {err.cause or err}"
             result: DisconnectGatewayResult = await workflow.execute_activity(
                 Activity.DISCONNECT_GATEWAY_EXECUTORS,

@@ -41,6 +41,9 @@ class Activity:
     # Gateway watch: held on the gateway's own queue; the sweep runs on the shared queue once it is gone.
     HOLD_GATEWAY = "hold_gateway"
     DISCONNECT_GATEWAY_EXECUTORS = "disconnect_gateway_executors"
+    # The fence: asked on a gateway's own queue before anything is declared gone. A gateway that does not pick it
+    # up within its schedule-to-start timeout counts as gone; one that does says whether it holds the socket.
+    PROBE_GATEWAY = "probe_gateway"
 
 
 def gateway_workflow_id(gateway_queue: str) -> str:
@@ -111,6 +114,15 @@ class LifecycleState:
     # stretches when a flapping executor's history is continued mid-grace.
     grace_deadline: datetime | None = None
     seen_signal_ids: list[str] = field(default_factory=list)
+    # The task queue of the gateway that last held the executor: the fence asks it before DEAD and before
+    # each recovery request. Empty in state carried from before the fence (nothing to ask: not fenced).
+    gateway_queue: str = ""
+    # The grace of the current DISCONNECTED stretch, as read when it started: an extended grace (the gateway
+    # regained contact with Temporal late in it) counts this long from the moment contact came back.
+    grace: timedelta | None = None
+    # DEAD, but recovery was called off before a request went out: the executor holds a live socket after all.
+    # The run records it HEALTHY next instead of recovering it.
+    revived: bool = False
 
 
 @dataclass
@@ -121,6 +133,8 @@ class LifecycleInput:
     state: LifecycleState | None = None
     # How long a peer may take to answer ``recovery`` or ``exist_pending_workflows``.
     recovery_timeout: timedelta = timedelta(seconds=60)
+    # How long a gateway has to pick up the fence's probe before it counts as gone (RELAY_GATEWAY_HEARTBEAT_...).
+    probe_timeout: timedelta = timedelta(seconds=10)
 
 
 @dataclass
@@ -368,6 +382,28 @@ class GatewayInput:
 class HoldGatewayInput:
     heartbeat_interval: timedelta
     hold_for: timedelta
+
+
+@dataclass
+class ProbeGatewayInput:
+    """Ask a gateway whether it is alive and, when ``executor_id`` is set, whether it holds that executor's socket."""
+
+    org: str = ""
+    app: str = ""
+    executor_id: str = ""
+
+
+@dataclass
+class ProbeGatewayReply:
+    """The gateway picked the probe up, so it is alive and in contact with Temporal.
+
+    ``connection`` is the live socket it holds for the executor (as its ``connected`` signal said), or None.
+    ``contact_for`` is how long the gateway has been in contact with Temporal without a break: an executor that
+    left while its gateway could not reach Temporal is owed a full grace from the moment contact came back.
+    """
+
+    connection: ConnectedSignal | None = None
+    contact_for: timedelta = timedelta(0)
 
 
 @dataclass

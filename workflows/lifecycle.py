@@ -17,7 +17,7 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, CancelledError
 
-from workflows import timing
+from workflows import fence, timing
 from workflows.timing import (
     BACKOFF_INITIAL,
     DB_ACTIVITY_TIMEOUT,
@@ -40,6 +40,8 @@ with workflow.unsafe.imports_passed_through():
         LifecycleResult,
         LifecycleState,
         PeerAvailableSignal,
+        ProbeGatewayInput,
+        ProbeGatewayReply,
         RecordStatusInput,
         RecoveryReply,
         RemovedSignal,
@@ -67,6 +69,16 @@ SIGNAL_BUDGET = 1000
 # to the database and no round trip through a task queue, so recording HEALTHY costs one workflow task instead
 # of three server round trips (the connect-storm benchmark, P3). Histories recorded before it replay unchanged.
 LOCAL_DB_PATCH = "local-db-activities"
+# Database activities retry without limit (every write lands once by its event key, so a retry never doubles a
+# row), at most this far apart: with Temporal's default (doubling up to 100 s) a 60 s database outage could leave
+# a workflow idle for another minute after the database came back. Only the interval is set here: it is not
+# part of the history, so histories replay unchanged.
+DB_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5))
+# From this patch on, nothing is declared DEAD, nor recovered, while the gateway that last held the executor
+# still holds a live socket for it: that gateway is asked (the fence's probe, on its own task queue) before DEAD
+# and again before every recovery request. A missed heartbeat or a late timer means "no news": Temporal itself
+# may have been away. Only a gateway that does not pick the probe up in time counts as gone.
+FENCE_PATCH = "fence-probe"
 
 
 @workflow.defn
@@ -139,15 +151,23 @@ class ExecutorLifecycleWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(self._next_input(self._state))
                 target = self._state.connection or self._state.unrecorded
-                if self._state.status == DEAD:
-                    return await self._recover_and_finish()  # a run continued-as-new during recovery
+                if self._state.status == DEAD and not self._state.revived:
+                    # Recovery, or a run continued-as-new during recovery.
+                    result = await self._recover_and_finish()
+                    if result is not None:
+                        return result
+                    continue  # called off: the executor holds a live socket; record it HEALTHY
                 if target is not None and self._unrecorded(target):
                     # First connection, a reconnect, or a new connection superseding the recorded one.
                     self._state.unrecorded = None
                     await self._record_healthy(target)
                 elif await self._grace_expired():
+                    if workflow.patched(FENCE_PATCH) and not await self._confirm_gone():
+                        continue
                     await self._record(DEAD, "executor.dead", details={})
-                    return await self._recover_and_finish()
+                    result = await self._recover_and_finish()
+                    if result is not None:
+                        return result
         except _Removed:
             return await self._remove()
 
@@ -209,6 +229,7 @@ class ExecutorLifecycleWorkflow:
         )
         state.recorded_connection_id = conn.connection_id
         state.app_version = conn.info.application_version
+        state.gateway_queue = conn.gateway_queue
         state.grace_deadline = None
         if state.unrecorded is not None and state.unrecorded.connection_id == conn.connection_id:
             # It went away while being recorded: the disconnect handler could not know it was about to be
@@ -233,6 +254,7 @@ class ExecutorLifecycleWorkflow:
                 details={"connection_id": state.recorded_connection_id, "grace_seconds": grace.total_seconds()},
             )
             state.grace_deadline = workflow.now() + grace
+            state.grace = grace
             self._describe("")
         remaining = state.grace_deadline - workflow.now()
         if remaining <= timedelta(0):
@@ -253,8 +275,61 @@ class ExecutorLifecycleWorkflow:
             workflow.continue_as_new(self._next_input(state))
         return False
 
-    async def _recover_and_finish(self) -> LifecycleResult:
-        candidate, attempts = await self._unless_removed(self._recover())
+    async def _confirm_gone(self) -> bool:
+        """The fence, once the grace is over: True when the executor is gone; False when its gateway still holds
+        its socket (it is HEALTHY again) or owes it more grace (its gateway regained contact with Temporal late)."""
+        state = self._state
+        if state.connection is not None or state.unrecorded is not None:
+            return False  # a `connected` came with the timer
+        reply = await self._probe()
+        if reply is None:
+            return True
+        if reply.connection is not None:
+            await self._audit("executor.fenced", "success", {
+                "stage": "before DEAD", "gateway_queue": state.gateway_queue,
+                "connection_id": reply.connection.connection_id})
+            state.connection = reply.connection
+            return False
+        # Time Relay could not hear does not count: the grace runs from the later of the close and the moment the
+        # gateway regained contact with Temporal (its `disconnected` may have been held back until then).
+        regained = workflow.now() - reply.contact_for
+        if state.grace is not None and regained + state.grace > workflow.now():
+            state.grace_deadline = regained + state.grace
+            await self._audit("executor.grace.extended", "success", {
+                "gateway_queue": state.gateway_queue, "contact_regained_at": regained.isoformat(),
+                "grace_ends": state.grace_deadline.isoformat(), "grace_seconds": state.grace.total_seconds()})
+            self._describe("")
+            return False
+        return True
+
+    async def _probe(self) -> ProbeGatewayReply | None:
+        """Ask the gateway that last held the executor about its socket; None when that gateway is gone (it did
+        not pick the probe up within ``probe_timeout``) or was never known."""
+        i, queue = self._input, self._state.gateway_queue
+        if not queue:
+            return None
+        return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id), timeout=i.probe_timeout)
+
+    async def _still_gone(self) -> bool:
+        """Right before a recovery request goes out: False (and recovery called off) when the executor is back."""
+        state = self._state
+        if state.connection is None:
+            reply = await self._probe()
+            if reply is None or reply.connection is None:
+                return True
+            state.connection = reply.connection
+        await self._audit("executor.recovery.cancelled", "success", {
+            "reason": "the executor holds a live socket", "gateway_queue": state.connection.gateway_queue,
+            "connection_id": state.connection.connection_id})
+        state.revived = True
+        return False
+
+    async def _recover_and_finish(self) -> LifecycleResult | None:
+        """Recover, then end; None when recovery was called off because the executor is alive after all."""
+        recovered = await self._unless_removed(self._recover())
+        if recovered is None:
+            return None
+        candidate, attempts = recovered
         result = LifecycleResult(status="RECOVERED", recovered_by=candidate.executor_id, attempts=attempts)
         if self._state.connection is not None:
             # It came back while it was being recovered: recovery cannot be taken back, so register it afresh.
@@ -265,19 +340,23 @@ class ExecutorLifecycleWorkflow:
             workflow.continue_as_new(self._next_input(fresh))
         return result
 
-    async def _recover(self) -> tuple[Candidate, int]:
-        """Dispatch ``recovery`` to a HEALTHY peer until one confirms it; never give up while the app exists."""
+    async def _recover(self) -> tuple[Candidate, int] | None:
+        """Dispatch ``recovery`` to a HEALTHY peer until one confirms it; never give up while the app exists.
+        None: called off before a request went out, because the executor holds a live socket after all."""
         i = self._input
         version = self._version()
         backoff = BACKOFF_INITIAL
         failed: list[str] = []
         attempt = 0
         blocked = False
+        fenced = workflow.patched(FENCE_PATCH)
         while True:
             if self._should_continue_as_new():
                 # A long wait for a peer must not grow history without bound: the next run resumes recovery.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._next_input(self._state))
+            if fenced and self._state.connection is not None and not await self._still_gone():
+                return None  # it came back before any request went out (a wait for a peer, or a backoff)
             self._peer_hint = False
             candidate: Candidate | None = await self._db(
                 Activity.SELECT_CANDIDATE,
@@ -297,10 +376,14 @@ class ExecutorLifecycleWorkflow:
                     self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
                     blocked = True
                 with contextlib.suppress(TimeoutError):
-                    await workflow.wait_condition(lambda: self._peer_hint, timeout=BLOCKED_RECHECK,
+                    await workflow.wait_condition(
+                        lambda: self._peer_hint or (fenced and self._state.connection is not None),
+                        timeout=BLOCKED_RECHECK,
                                                   timeout_summary="waiting for a HEALTHY peer")
                 continue
             blocked = False
+            if fenced and not await self._still_gone():
+                return None
             attempt += 1
             request_id = str(workflow.uuid4())
             details: dict[str, object] = {"candidate": candidate.executor_id, "attempt": attempt,
@@ -378,6 +461,7 @@ class ExecutorLifecycleWorkflow:
             ),
         )
         self._state.status = status
+        self._state.revived = False
         self._describe("")
         if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
@@ -395,7 +479,8 @@ class ExecutorLifecycleWorkflow:
         """A database activity (registry, audit, candidate selection): local since ``LOCAL_DB_PATCH``."""
         if workflow.patched(LOCAL_DB_PATCH):
             return await workflow.execute_local_activity(activity, arg, result_type=result_type,
-                                                         start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
+                                                         start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                                         retry_policy=DB_RETRY)
         return await workflow.execute_activity(activity, arg, result_type=result_type,
                                                start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
 

@@ -83,6 +83,8 @@ async def _lifecycle_workers(env: WorkflowEnvironment, scenario: Scenario) -> As
             await stack.enter_async_context(
                 Worker(env.client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities())
             )
+        await stack.enter_async_context(
+            Worker(env.client, task_queue=fakes.self_queue, activities=fakes.self_gateway_activities()))
         try:
             yield Lifecycle(env, fakes, relay)
         finally:

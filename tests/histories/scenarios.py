@@ -42,6 +42,8 @@ from workflows.inputs import (
     LifecycleInput,
     LifecycleResult,
     PeerAvailableSignal,
+    ProbeGatewayInput,
+    ProbeGatewayReply,
     RecoveryReply,
     gateway_workflow_id,
 )
@@ -226,15 +228,59 @@ async def continue_as_new_mid_recovery(lc: Lifecycle) -> None:
 
 
 async def dead_executor_returns(lc: Lifecycle) -> None:
-    """It reconnects while being recovered: recovery completes, run 2 registers it afresh; then its app goes."""
-    await lc.die_blocked()
+    """It reconnects while a recovery request is out: recovery completes, run 2 registers it afresh; then its app
+    goes. (Back before any request went out, recovery is called off instead: ``recovery_called_off``.)"""
+    fakes = lc.fakes
+    fakes.dispatch_gate = asyncio.Event()
+    fakes.grace = timedelta(milliseconds=300)  # wall clock: time does not skip while the dispatch hangs
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    for _ in range(500):
+        if fakes.dispatches:
+            break
+        await asyncio.sleep(0.02)
+    check(len(fakes.dispatches) == 1, f"no recovery request went out: {fakes.summary()}")
     await lc.connect("c2")
-    lc.fakes.peers_available = True
-    await lc.env.sleep(BLOCKED_RECHECK + timedelta(minutes=1))
+    await lc.relay.settle()
+    fakes.dispatch_gate.set()
     await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, HEALTHY)
     await lc.relay.remove()
     expect(await lc.relay.result(), "REMOVED")
     check(len(lc.fakes.deletes) == 2, "expected the recovery's delete and the removal's")
+
+
+async def recovery_called_off(lc: Lifecycle) -> None:
+    """DEAD and blocked, it comes back before any request went out: recovery is called off, HEALTHY again."""
+    await lc.die_blocked()
+    await lc.connect("c2")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    check(lc.fakes.audits()[-1] == "executor.recovery.cancelled", f"audits {lc.fakes.audits()}")
+    check(not lc.fakes.dispatches, "a recovery request went out")
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+
+
+async def fenced_before_dead(lc: Lifecycle) -> None:
+    """The grace ends but the executor's gateway still holds its socket: HEALTHY again, nothing recovered."""
+    lc.fakes.probe_replies.append(ProbeGatewayReply(connection=lc.relay.connected_signal("c1"),
+                                                    contact_for=timedelta(days=1)))
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    await lc.env.sleep(GRACE + timedelta(seconds=5))
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    check("executor.fenced" in lc.fakes.audits(), f"audits {lc.fakes.audits()}")
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+
+
+async def grace_extended(lc: Lifecycle) -> None:
+    """Its gateway regained contact with Temporal 10 s before the grace ended: a whole grace from then, then DEAD
+    and recovered."""
+    lc.fakes.probe_replies.append(ProbeGatewayReply(connection=None, contact_for=timedelta(seconds=10)))
+    expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
+    check("executor.grace.extended" in lc.fakes.audits(), f"audits {lc.fakes.audits()}")
 
 
 async def removed_mid_grace(lc: Lifecycle) -> None:
@@ -295,17 +341,28 @@ async def app_gone(lc: Lifecycle) -> None:
 
 @dataclass
 class GatewayFakes:
-    """hold_gateway returns at once the first time (the hold ran its course), then stops heartbeating."""
+    """hold_gateway returns at once the first time (the hold ran its course); the second time it stops
+    heartbeating (the process froze, or Temporal was away) but the probe is answered: alive, hold again; the
+    third time the gateway's worker is gone, so neither the hold nor the probe is picked up."""
 
     holds: int = 0
+    probes: int = 0
+    third_hold: asyncio.Event = field(default_factory=asyncio.Event)
     swept: list[DisconnectGatewayInput] = field(default_factory=list)
 
     @activity.defn(name=Activity.HOLD_GATEWAY)
     async def hold_gateway(self, input: HoldGatewayInput) -> None:
         self.holds += 1
+        if self.holds == 3:
+            self.third_hold.set()
         if self.holds > 1:
-            # The gateway process froze: no heartbeat, so the server fails the hold at its heartbeat timeout.
+            # No heartbeat, so the server fails the hold at its heartbeat timeout.
             await asyncio.sleep(input.heartbeat_interval.total_seconds() * 12)
+
+    @activity.defn(name=Activity.PROBE_GATEWAY)
+    async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
+        self.probes += 1
+        return ProbeGatewayReply(contact_for=timedelta(hours=1))
 
     @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
     async def disconnect_gateway_executors(self, input: DisconnectGatewayInput) -> DisconnectGatewayResult:
@@ -314,25 +371,27 @@ class GatewayFakes:
 
 
 async def gateway_watch(env: WorkflowEnvironment, name: str) -> tuple[str, str]:
-    """Run 1: the hold ends, continue-as-new. Run 2: the hold's heartbeats stop, the sweep disconnects.
+    """Run 1: the hold ends, continue-as-new. Run 2: the hold's heartbeats stop, the probe is answered, continue-
+    as-new. Run 3: the gateway's worker is gone; the probe is not picked up; the sweep disconnects.
 
     Returns the workflow id and its first run's id."""
     fakes = GatewayFakes()
     shared, gateway_queue = f"record-{name}", f"record-{name}-gateway"
     workflow_id = gateway_workflow_id(gateway_queue)
-    async with (
-        Worker(env.client, task_queue=shared, workflows=[GatewayWorkflow],
-               activities=[fakes.disconnect_gateway_executors]),
-        Worker(env.client, task_queue=gateway_queue, activities=[fakes.hold_gateway]),
-    ):
-        handle = await env.client.start_workflow(
-            GatewayWorkflow.run,
-            GatewayInput(gateway_queue, heartbeat_timeout=timedelta(seconds=1), hold_for=timedelta(seconds=2)),
-            id=workflow_id, task_queue=shared,
-        )
+    async with Worker(env.client, task_queue=shared, workflows=[GatewayWorkflow],
+                      activities=[fakes.disconnect_gateway_executors]):
+        async with Worker(env.client, task_queue=gateway_queue,
+                          activities=[fakes.hold_gateway, fakes.probe_gateway]):
+            handle = await env.client.start_workflow(
+                GatewayWorkflow.run,
+                GatewayInput(gateway_queue, heartbeat_timeout=timedelta(seconds=1), hold_for=timedelta(seconds=2)),
+                id=workflow_id, task_queue=shared,
+            )
+            await asyncio.wait_for(fakes.third_hold.wait(), timeout=30)
         result = await asyncio.wait_for(handle.result(), timeout=30)
     check(result == DisconnectGatewayResult(signalled=2), f"ended {result}")
-    check(fakes.holds == 2 and len(fakes.swept) == 1, f"{fakes.holds} holds, {len(fakes.swept)} sweeps")
+    check(fakes.holds == 3 and fakes.probes == 1 and len(fakes.swept) == 1,
+          f"{fakes.holds} holds, {fakes.probes} probes, {len(fakes.swept)} sweeps")
     check("gateway gone" in fakes.swept[0].reason, f"sweep reason {fakes.swept[0].reason!r}")
     assert handle.result_run_id is not None
     return workflow_id, handle.result_run_id
@@ -368,5 +427,8 @@ SCENARIOS = [
     Scenario("removed-mid-grace", removed_mid_grace),
     Scenario("removed-mid-recovery", removed_mid_recovery),
     Scenario("app-gone", app_gone),
-    Scenario("gateway-watch", None, runs=2),
+    Scenario("recovery-called-off", recovery_called_off),
+    Scenario("fenced-before-dead", fenced_before_dead),
+    Scenario("grace-extended", grace_extended),
+    Scenario("gateway-watch", None, runs=3),
 ]
