@@ -18,9 +18,12 @@ run: $(STAMP)
 	$(VENV)/bin/relay dev
 
 # libfaketime (Debian package faketime): the clock-jump test runs Relay under a skewed wall clock.
+# Debian's postgresql: the database-outage tests run a private cluster (initdb, postgres) and stop it mid-test.
 system-deps:
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get install -y -q faketime || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get install -y -q postgresql || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q postgresql; }; }
 
 test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .

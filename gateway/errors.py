@@ -7,9 +7,11 @@ mapping lives here and nowhere else::
     ├── NotFoundError               404          unknown org, app or executor
     ├── ConflictError               409
     ├── ProtocolError                     1002   an executor reply that breaks the protocol
+    │   └── IdentityError                 1008   an executor identity Temporal would refuse: permanent
     ├── ExecutorUnavailableError    503          no socket for that executor here, or it closed
     ├── ExecutorTimeoutError        502          the executor did not answer in time
     ├── TemporalUnavailableError    503          Temporal did not take a signal, after retries
+    ├── ServiceUnavailableError     503 / 1013   a dependency (database, Temporal) is away for now: retry later
     └── RateLimitedError            429 / 1008   too many connections or handshakes for one key
 """
 
@@ -60,6 +62,18 @@ class ProtocolError(RelayError):
         self.request_id = request_id  # the request the bad reply answers, when that much could be read
 
 
+class IdentityError(ProtocolError):
+    """An ``executor_info`` reply whose identity Temporal (or the registry) would refuse: too long, or not valid
+    UTF-8. Permanent: the same values fail the same way, so the socket is closed with 1008 (policy violation) and
+    a reason saying so, and nothing of it is sent to Temporal or retried."""
+
+    close_code = 1008
+
+    def __init__(self, detail: str, *, field: str) -> None:
+        super().__init__(detail)
+        self.field = field
+
+
 class ExecutorUnavailableError(RelayError):
     """The executor has no socket on this gateway (never had, or it closed)."""
 
@@ -79,6 +93,18 @@ class TemporalUnavailableError(RelayError):
 
     status = 503
     title = "Service Unavailable"
+
+
+class ServiceUnavailableError(RelayError):
+    """Something Relay depends on (its database; Temporal, for a fenced gateway) cannot be reached right now; the
+    same request may succeed later.
+
+    1013 is RFC 6455's "Try Again Later": the SDKs reconnect after any close, so nothing more is needed from them.
+    """
+
+    status = 503
+    title = "Service Unavailable"
+    close_code = 1013
 
 
 class RateLimitedError(RelayError):

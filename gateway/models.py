@@ -12,7 +12,7 @@ from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, SQLModel, create_engine
 
 
@@ -135,8 +135,18 @@ class RetentionState(SQLModel, table=True):
     request_id: str | None = None
 
 
+PG_CONNECT_TIMEOUT_S = 5
+# Each failed try means another process created a table or an index meanwhile: there are fewer than this many.
+SCHEMA_ATTEMPTS = 20
+CREATED_CONCURRENTLY = ("already exists", "duplicate key value")
+
+
 def make_engine(url: str) -> Engine:
-    """Engine with the tables created. SQLite gets WAL and a busy timeout: gateway and worker share the file."""
+    """Engine with the tables created. SQLite gets WAL and a busy timeout: gateway and worker share the file.
+    PostgreSQL (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged pool."""
+    if url.startswith("postgresql://"):
+        # SQLAlchemy's default PostgreSQL driver is psycopg2; Relay's ``postgres`` extra installs psycopg (3).
+        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -148,13 +158,20 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
     else:
-        engine = create_engine(url, pool_pre_ping=True)
-    try:
-        SQLModel.metadata.create_all(engine)
-    except OperationalError as err:
-        # `relay worker` and `relay gateway` started together on a new database both create the tables; the
-        # loser sees "already exists". Once more: create_all skips tables that exist.
-        if "already exists" not in str(err):
-            raise
-        SQLModel.metadata.create_all(engine)
-    return engine
+        # Pre-ping: a pooled connection that a restarted PostgreSQL dropped is replaced at checkout instead of
+        # failing the next query. A connect timeout (libpq's, in seconds) keeps an unreachable host from holding a
+        # request or an activity for the kernel's TCP timeout (minutes): it fails, and is retried, in seconds.
+        args = {"connect_timeout": PG_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
+        engine = create_engine(url, pool_pre_ping=True, connect_args=args)
+    attempts = 1
+    while True:
+        try:
+            SQLModel.metadata.create_all(engine)
+            return engine
+        except DBAPIError as err:
+            # `relay worker` and `relay gateway` started together on a new database both create the tables. The
+            # loser sees what the winner created meanwhile: "already exists" (SQLite creates one table at a time)
+            # or, on PostgreSQL, a duplicate key in its catalog of types. Again: create_all skips what exists.
+            if attempts == SCHEMA_ATTEMPTS or not any(sign in str(err) for sign in CREATED_CONCURRENTLY):
+                raise
+            attempts += 1

@@ -13,10 +13,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from gateway.errors import RelayError
+from gateway.errors import RelayError, ServiceUnavailableError
+from gateway.store import outage, unavailable
 
 log = logging.getLogger("relay.gateway")
 PROBLEM_JSON = "application/problem+json"
@@ -85,6 +88,15 @@ def install(app: FastAPI) -> None:
         if err.status_code == 405:
             response.headers["Allow"] = ", ".join(_allowed_methods(request))
         return response
+
+    @app.exception_handler(DBAPIError)
+    @app.exception_handler(PoolTimeoutError)
+    async def _database(request: Request, err: Exception) -> JSONResponse:
+        # The database stopped, restarting or locked is not a bug: 503, and one line in the log, not a traceback.
+        if not unavailable(err):
+            return await _unexpected(request, err)
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, outage(err))
+        return relay_problem(ServiceUnavailableError("Relay's database is unavailable; retry shortly"))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:

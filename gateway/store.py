@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Engine
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine, text
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, and_, col, or_, select
 
 from gateway.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
@@ -43,6 +44,27 @@ def redact(key: str) -> str:
     return key[:9] + "…" if key.startswith(KEY_PREFIX) else "…"
 
 
+def unavailable(err: BaseException) -> bool:
+    """Whether ``err`` means the database is away for now (stopped, restarting, unreachable, locked) rather than a
+    bug: the same call may succeed later, so a request gets 503 and an activity is retried.
+
+    Both drivers raise ``OperationalError`` for these (sqlite3: "database is locked"; psycopg: connection refused,
+    "terminating connection due to administrator command", "the database system is starting up"); a connection
+    that died under another DBAPI error is flagged ``connection_invalidated``; a pool with every connection stuck
+    raises ``sqlalchemy.exc.TimeoutError``.
+    """
+    if isinstance(err, OperationalError | PoolTimeoutError):
+        return True
+    return isinstance(err, DBAPIError) and err.connection_invalidated
+
+
+def outage(err: BaseException) -> str:
+    """One short line about a database error, for a log line or a retried activity's failure: the driver's own
+    message, without SQLAlchemy's SQL, parameters and background link (a PostgreSQL outage repeats it a lot)."""
+    lines = str(getattr(err, "orig", None) or err).strip().splitlines()
+    return f"{type(err).__name__}: {lines[0][:200] if lines else ''}"
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who a valid key speaks for."""
@@ -59,6 +81,12 @@ class Principal:
 class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+
+    def ping(self) -> None:
+        """One round trip (``SELECT 1``) on a pooled connection; raises while the database is unreachable (see
+        ``unavailable``). The pool's pre-ping replaces a connection that a restarted server dropped."""
+        with self.engine.connect() as c:
+            c.execute(text("SELECT 1"))
 
     # -- keys ----------------------------------------------------------------------------------------------
 
@@ -78,6 +106,12 @@ class Store:
         if row is None or row.revoked_at is not None or not hmac.compare_digest(row.key_hash, digest):
             raise AuthError("unknown or revoked API key")
         return Principal(row.id, row.name, row.org, tuple(row.apps) if row.apps else None)
+
+    def live_key_hashes(self) -> frozenset[str]:
+        """The hashes of every key not revoked: what a gateway refuses unknown keys against without a database
+        trip each (refreshed by its revocation watcher, twice a second)."""
+        with self.engine.connect() as c:
+            return frozenset(c.execute(select(ApiKey.key_hash).where(col(ApiKey.revoked_at).is_(None))).scalars())
 
     def authorize(self, key: str, org: str, app: str | None = None) -> Principal:
         principal = self.authenticate(key)
@@ -232,6 +266,12 @@ class Store:
             rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue,
                                                  Executor.status == ExecutorStatus.HEALTHY)).all()
         return [(r.org, r.app, r.executor_id, r.connection_id or "") for r in rows]
+
+    def registry_on_gateway(self, gateway_queue: str) -> dict[tuple[str, str, str], tuple[ExecutorStatus, str]]:
+        """``(org, app, executor_id) -> (status, connection_id)`` of every executor last placed on that gateway."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue)).all()
+        return {(r.org, r.app, r.executor_id): (r.status, r.connection_id or "") for r in rows}
 
     # -- audit ---------------------------------------------------------------------------------------------
 

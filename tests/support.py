@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -125,6 +126,11 @@ class Relay:
     def temporal_address(self) -> str:
         return self.env.get("RELAY_TEMPORAL_ADDRESS") or f"127.0.0.1:{self.env['RELAY_TEMPORAL_PORT']}"
 
+    @property
+    def db_url(self) -> str:
+        """Relay's database: ``RELAY_DATABASE_URL`` when set, else the SQLite file in its data dir."""
+        return self.env.get("RELAY_DATABASE_URL") or f"sqlite:///{self.data_dir / 'relay.db'}"
+
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=10)
 
@@ -135,10 +141,8 @@ class Relay:
         return {e["executorId"]: e["status"] for e in response.json()}
 
     def audit(self, app: str) -> list[tuple[str, str | None]]:
-        with sqlite3.connect(self.data_dir / "relay.db") as db:
-            rows = db.execute("SELECT operation, executor_id FROM auditlog WHERE app = ? ORDER BY emit_time",
-                              (app,)).fetchall()
-        return [(op, ex) for op, ex in rows]
+        """``(operation, executor_id)`` of the app's audit rows, oldest first, from whichever database it uses."""
+        return [(row.operation, row.executor_id) for row in audit_rows_at(self.db_url, app)]
 
 
 def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> Relay:
@@ -244,6 +248,43 @@ def registry(data_dir: Path, app: str) -> dict[str, str]:
     """Executor id → status, read from Relay's database (so it works while no gateway runs)."""
     with contextlib.closing(sqlite3.connect(data_dir / "relay.db", timeout=10)) as db:
         rows = db.execute("SELECT executor_id, status FROM executor WHERE app = ?", (app,)).fetchall()
+    return {str(ex): str(status) for ex, status in rows}
+
+
+def _read_db(url: str, query: Any) -> list[Any]:
+    """Rows of one query against any database Relay runs on (a SQLAlchemy URL), through the model's column types,
+    on a connection of its own that is closed at once (no pool left behind)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return list(conn.execute(query).all())
+    finally:
+        engine.dispose()
+
+
+def audit_rows_at(url: str, app: str, executor_id: str | None = None) -> list[AuditRow]:
+    """``audit_rows``, from the database at ``url`` (SQLite or PostgreSQL)."""
+    from sqlmodel import col, select
+
+    from gateway.models import AuditLog
+
+    query = (select(AuditLog.operation, AuditLog.executor_id, AuditLog.emit_time, AuditLog.details)
+             .where(AuditLog.app == app).order_by(col(AuditLog.emit_time)))
+    if executor_id is not None:
+        query = query.where(AuditLog.executor_id == executor_id)
+    return [AuditRow(op, ex, t.timestamp(), d or {}) for op, ex, t, d in _read_db(url, query)]
+
+
+def registry_at(url: str, app: str) -> dict[str, str]:
+    """``registry``, from the database at ``url`` (SQLite or PostgreSQL)."""
+    from sqlmodel import select
+
+    from gateway.models import Executor
+
+    rows = _read_db(url, select(Executor.executor_id, Executor.status).where(Executor.app == app))
     return {str(ex): str(status) for ex, status in rows}
 
 

@@ -19,6 +19,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from gateway.models import make_engine
 from gateway.store import Store
+from tests.postgres import postgres_cluster, relay_on_postgres
 from tests.support import Relay, play_executor, wait_until
 from tests.test_compat import assert_problem, assert_upstream
 
@@ -27,10 +28,20 @@ pytestmark = pytest.mark.e2e
 ORG = "/v2/orgs/local"
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def relay(request: pytest.FixtureRequest, relay: Relay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    """Every test here runs against the session's `relay dev` (SQLite), then against one on PostgreSQL."""
+    if request.param == "sqlite":
+        yield relay
+        return
+    with postgres_cluster() as cluster, relay_on_postgres(cluster, tmp_path_factory.mktemp("relay-rest-pg")) as pg:
+        yield pg
+
+
 @pytest.fixture(scope="module")
 def store(relay: Relay) -> Iterator[Store]:
     """Relay's database, opened from the test as another gateway process would."""
-    s = Store(make_engine(f"sqlite:///{relay.data_dir / 'relay.db'}"))
+    s = Store(make_engine(relay.db_url))
     yield s
     s.engine.dispose()
 

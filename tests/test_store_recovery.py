@@ -1,24 +1,36 @@
-"""Candidate selection against real SQLite: same version first, spread by recoveries in flight, cross-version
-only when the app allows it, claims released when the dead executor's record is deleted."""
+"""Candidate selection against real SQLite and PostgreSQL: same version first, spread by recoveries in flight,
+cross-version only when the app allows it, claims released when the dead executor's record is deleted."""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gateway.models import ExecutorStatus, make_engine
 from gateway.store import Store
+from tests.postgres import PostgresCluster, postgres_cluster
 
 ORG, APP = "local", "spread-app"
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Store:
-    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PostgresCluster]:
+    with postgres_cluster() as started:
+        yield started
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The same queries on both stores Relay runs on (PostgreSQL: a private cluster, a database per test)."""
+    url = (f"sqlite:///{tmp_path / 'relay.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("cluster").create_database("recovery"))
+    store = Store(make_engine(url))
     store.ensure_app(ORG, APP)
-    return store
+    yield store
+    store.engine.dispose()
 
 
 def _executor(store: Store, executor_id: str, version: str, status: ExecutorStatus) -> None:
