@@ -1,6 +1,7 @@
-"""Who may open an executor socket, decided cheaply: Origin allow-list, a short memory of unknown keys (SDKs
-retry a refused upgrade every second, forever), per-key handshake rate and connection caps, and rate-limited
-reporting of refusals. Pure bookkeeping: no I/O, the caller supplies the clock."""
+"""Who may open an executor socket, decided cheaply: Origin allow-list, the hashes of the keys that are live
+(refreshed by the revocation watcher), a short memory of unknown keys (SDKs retry a refused upgrade every second,
+forever), a budget of database look-ups for keys not known live, per-key handshake rate and connection caps, and
+rate-limited reporting of refusals. Pure bookkeeping: no I/O, the caller supplies the clock."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gateway.errors import AuthError, ForbiddenError, RateLimitedError
 Clock = Callable[[], float]
 
 UNKNOWN_KEY_MEMORY = timedelta(seconds=2)
+LOOKUP_GRANTED_FOR = timedelta(seconds=1)
 REPORT_EVERY = timedelta(seconds=60)
 
 
@@ -21,6 +23,15 @@ class _Bucket:
     tokens: float
     updated: float
 
+    def take(self, now: float, rate: float) -> bool:
+        """Refill at ``rate`` tokens a second (``rate`` at most), then take one if there is one."""
+        self.tokens = min(rate, self.tokens + (now - self.updated) * rate)
+        self.updated = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
 
 @dataclass
 class Admission:
@@ -28,6 +39,13 @@ class Admission:
     max_connections_per_key: int = 10_000
     handshakes_per_second: float = 100.0
     allowed_origins: frozenset[str] = frozenset()
+    # Keys not known live may still be new (made on another gateway, or by `relay keys create`, since the last
+    # refresh): this many a second, over all keys, are looked up in the database; the rest are refused at once.
+    unknown_key_lookups_per_second: float = 10.0
+    # The SHA-256 hashes of the live keys at the last refresh (None: not loaded yet, every key is looked up).
+    live_keys: frozenset[str] | None = None
+    _lookups: _Bucket | None = None
+    _granted: dict[str, float] = field(default_factory=dict)
     _unknown: dict[str, float] = field(default_factory=dict)
     _buckets: dict[str, _Bucket] = field(default_factory=dict)
     _open: dict[str, int] = field(default_factory=dict)
@@ -38,6 +56,28 @@ class Admission:
         """Executors send no Origin; a browser does. A present Origin must be allow-listed."""
         if origin is not None and origin not in self.allowed_origins:
             raise ForbiddenError("this Origin may not open executor sockets")
+
+    def check_key(self, key_hash: str) -> None:
+        """Refuse without a database trip a key that is not live as of the last refresh, unless the look-up budget
+        allows checking it (it may be newer than the refresh). A live key passes: the database has the last word on
+        it (a key revoked since the refresh is refused there, at once).
+
+        A look-up granted holds for the key's next check within ``LOOKUP_GRANTED_FOR``: the HTTP layer checks
+        before the upgrade and the socket again after it, and one upgrade must cost one look-up."""
+        if self.live_keys is None or key_hash in self.live_keys:
+            return
+        self.check_unknown(key_hash)
+        now = self.clock()
+        if self._granted.pop(key_hash, now - 1) >= now:
+            return
+        rate = self.unknown_key_lookups_per_second
+        if self._lookups is None:
+            self._lookups = _Bucket(tokens=rate, updated=now)
+        if not self._lookups.take(now, rate):
+            raise AuthError("unknown or revoked API key")
+        if len(self._granted) > 1000:  # grants never taken up (the client left), once expired
+            self._granted = {k: t for k, t in self._granted.items() if t >= now}
+        self._granted[key_hash] = now + LOOKUP_GRANTED_FOR.total_seconds()
 
     def check_unknown(self, key_hash: str) -> None:
         """Refuse without a database look-up a key that was unknown moments ago."""
@@ -59,11 +99,8 @@ class Admission:
         now = self.clock()
         rate = self.handshakes_per_second
         bucket = self._buckets.setdefault(key_id, _Bucket(tokens=rate, updated=now))
-        bucket.tokens = min(rate, bucket.tokens + (now - bucket.updated) * rate)
-        bucket.updated = now
-        if bucket.tokens < 1:
+        if not bucket.take(now, rate):
             raise RateLimitedError("too many handshakes for this key; retry shortly")
-        bucket.tokens -= 1
         self._open[key_id] = self._open.get(key_id, 0) + 1
 
     def release(self, key_id: str) -> None:

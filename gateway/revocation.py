@@ -4,6 +4,9 @@ The gateway process that handles the REST call closes its own sockets at once; e
 ``watch`` loop that, every ``interval``, checks the keys and apps of the sockets it holds against the shared
 database, so a revocation or deletion made through another gateway closes them too (within about ``interval``).
 A closed socket is an ordinary disconnect: the WebSocket endpoint signals ``disconnected`` as for any other.
+
+The same sweep refreshes the hashes of the live keys that admission refuses unknown keys against, so a flood of
+wrong keys costs a set look-up each, not a database trip (see ``Admission.check_key``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from gateway.admission import Admission
 from gateway.errors import AuthError, ForbiddenError
 from gateway.hub import Connection, Hub
 from gateway.store import Store
@@ -47,20 +51,24 @@ async def _close(conns: list[Connection], code: int, reason: str) -> int:
 class Watcher:
     """Checks this process's sockets against the database: revoked keys, deleted (or re-created) apps.
 
-    A sweep costs one trip to the database (two small queries) and work per key and per app held, not per
-    socket: it runs every half second on a gateway holding thousands of idle executors.
+    A sweep costs one trip to the database (three small queries) and work per key and per app held, not per
+    socket: it runs every half second on a gateway holding thousands of idle executors. With ``admission``, it
+    also refreshes ``admission.live_keys``.
     """
 
-    def __init__(self, *, store: Store, hub: Hub) -> None:
+    def __init__(self, *, store: Store, hub: Hub, admission: Admission | None = None) -> None:
         self._store = store
         self._hub = hub
+        self._admission = admission
 
     async def sweep(self) -> int:
         """One check; returns how many sockets it closed."""
         key_ids, apps = self._hub.key_ids() - {""}, self._hub.apps()
+        revoked, app_ids, live = await asyncio.to_thread(self._read, key_ids, apps)
+        if self._admission is not None and live is not None:
+            self._admission.live_keys = live
         if not apps:
             return 0
-        revoked, app_ids = await asyncio.to_thread(self._store.still_valid, key_ids, apps)
         closed = await close_key_sockets(self._hub, revoked)
         gone = []
         for org, app in apps:
@@ -73,12 +81,21 @@ class Watcher:
         gone = [c for c in gone if c.key_id not in revoked]
         return closed + await _close(gone, ForbiddenError.close_code, APP_DELETED_REASON)
 
+    def _read(self, key_ids: set[str], apps: set[tuple[str, str]]
+              ) -> tuple[set[str], dict[tuple[str, str], str], frozenset[str] | None]:
+        """In the database thread: revoked keys, registered apps, and the live key hashes (when they are kept)."""
+        live = self._store.live_key_hashes() if self._admission is not None else None
+        if not apps:
+            return set(), {}, live
+        revoked, app_ids = self._store.still_valid(key_ids, apps)
+        return revoked, app_ids, live
+
 
 @contextlib.asynccontextmanager
-async def watch(*, store: Store, hub: Hub, interval: timedelta = timedelta(milliseconds=500)
-                ) -> AsyncIterator[Watcher]:
+async def watch(*, store: Store, hub: Hub, admission: Admission | None = None,
+                interval: timedelta = timedelta(milliseconds=500)) -> AsyncIterator[Watcher]:
     """Run a ``Watcher`` every ``interval`` for the duration of the block."""
-    watcher = Watcher(store=store, hub=hub)
+    watcher = Watcher(store=store, hub=hub, admission=admission)
 
     async def loop() -> None:
         while True:

@@ -7,6 +7,7 @@ frames with ``receive``; it returns what happened, and the socket code around it
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -46,7 +47,10 @@ Event = Handshake | Reply | Ignored
 
 
 class Session:
-    def __init__(self) -> None:
+    def __init__(self, *, identity: Callable[[wire.ExecutorInfoReply], None] | None = None) -> None:
+        """``identity`` checks the executor's ``executor_info`` reply; what it raises (an ``IdentityError``) fails
+        the handshake like any other protocol error."""
+        self.identity = identity
         self.state = State.AWAITING_INFO
         self.info_request_id = str(uuid.uuid4())
         self.pending: set[str] = set()
@@ -72,6 +76,8 @@ class Session:
                 raise ProtocolError(f"expected an executor_info reply, got {message.type!r:.{wire.TYPE_MAX}}")
             if message.request_id != self.info_request_id:
                 raise ProtocolError("executor_info reply with an unknown request_id")
+            if self.identity is not None:
+                self.identity(message)
             self.state = State.OPEN
             return Handshake(message)
         if message.request_id not in self.pending:
