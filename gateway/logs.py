@@ -1,9 +1,19 @@
-"""Logging set-up. Keys travel in the WebSocket path, so every record is scrubbed of them before output."""
+"""Logging set-up: keys scrubbed from every record (they travel in the WebSocket path), Relay's deliberate activity
+failures logged as one line each (not a traceback), and the Temporal SDK's retry noise, while Temporal is
+unreachable, cut down to one line per kind per minute and a count of the rest."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+from temporalio.exceptions import ApplicationError
+from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 
 # The last path segment of /websocket/{app}/{key}, and any dbos_ key anywhere else in a message.
 _WS_PATH = re.compile(r"(/websocket/[^/\s\"']+/)[^\s\"'?]+")
@@ -24,7 +34,8 @@ class RedactKeys(logging.Filter):
 
 
 def install_redaction() -> None:
-    """Attach the filter to the handlers of the loggers that may see a request path."""
+    """Attach the filter to the handlers of the loggers that may see a request path (and, while at it, make
+    Relay's deliberate activity failures one line: ``OneLineActivityFailures``)."""
     redact = RedactKeys()
     for name in ("", "uvicorn", "uvicorn.error", "uvicorn.access", "relay", "websockets"):
         logger = logging.getLogger(name)
@@ -33,3 +44,160 @@ def install_redaction() -> None:
         for handler in logger.handlers:
             if not any(isinstance(f, RedactKeys) for f in handler.filters):
                 handler.addFilter(redact)
+    activity = logging.getLogger(ACTIVITY_LOGGER)
+    if not any(isinstance(f, OneLineActivityFailures) for f in activity.filters):
+        activity.addFilter(OneLineActivityFailures())
+
+
+class WarningsOnly(logging.LoggerAdapter[logging.Logger]):
+    """A logger's warnings and errors, and nothing below: for a library's per-connection chatter."""
+
+    def isEnabledFor(self, level: int) -> bool:
+        return level >= logging.WARNING and self.logger.isEnabledFor(level)
+
+
+ACTIVITY_LOGGER = "temporalio.activity"  # the SDK's worker logs "Completing activity as failed" here
+
+
+class OneLineActivityFailures(logging.Filter):
+    """The Temporal worker logs every failed activity attempt with its traceback. An ``ApplicationError`` raised
+    with no underlying exception is how Relay's activities fail on purpose (``activities.dispatch`` turns a
+    ``RelayError`` into one: a peer that has just gone, an executor that did not answer); its message is the
+    reason and its traceback only the line that raised it, so one line with the type and reason is enough. Any
+    other exception, a bug, keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        err = record.exc_info[1] if record.exc_info else None
+        if isinstance(err, ApplicationError) and err.__cause__ is None:
+            record.msg, record.args = f"{record.getMessage()}: {err.type or 'ApplicationError'}: {err.message}", None
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+# -- the Temporal SDK's logs (issue 10) ---------------------------------------------------------------------------
+
+CORE_LOGGER = "temporalio.core"  # where the SDK's Rust core logs are forwarded to (see install_temporal_sdk_logging)
+SUMMARY_LOGGER = "relay.sdk"
+# Core prints a gRPC status as Rust debug text, in its message or its fields: `Status { code: Unavailable,
+# message: "tcp connect error", source: Some(tonic::transport::Error(...)) }`, a few hundred characters.
+_STATUS = re.compile(r"(?:Status \{ )?code: '?([^,']*)'?, message: \"([^\"]*)\"")
+_DIGITS = re.compile(r"\d+")
+_MAX_KINDS = 1024
+
+
+def _compact_core_message(record: logging.LogRecord, core: object) -> None:
+    """One short line for a forwarded Core record: its message, and for a gRPC error just the code and text."""
+    message = str(record.msg)
+    try:
+        fields = getattr(core, "fields", None) or {}
+    except Exception:  # the SDK documents that converting the fields may fail
+        fields = {}
+    extra = " ".join(str(v) for v in fields.values()) if isinstance(fields, dict) else str(fields)
+    text = f"{message} {extra}".strip()
+    status = _STATUS.search(text)
+    if status:
+        head = text[:status.start()] if status.start() < len(message) else message
+        text = f"{head.rstrip(' :')}: {status[1]}: {status[2]}"
+    record.msg, record.args = text[:300], None
+
+
+class SdkLogThrottle(logging.Filter):
+    """Lets through the first WARNING or ERROR of each kind from the Temporal SDK per ``window``; the rest are
+    counted and reported in one line per window on ``relay.sdk``, so nothing disappears silently.
+
+    While Temporal is unreachable every poller of every worker logs each retry (Core's ``temporalio_client::retry``
+    warnings: several a second per worker, each a few hundred characters). Relay's own loggers (``relay.*``: the
+    contact monitor's "unreachable" / "reachable again" lines, the embedded Temporal's supervisor) are never
+    touched. A kind is, for Core, the module that logged it (``temporalio_client::retry``); for the Python side,
+    the logger and the message template with its numbers blanked.
+    """
+
+    def __init__(self, *, window: timedelta = timedelta(minutes=1), clock: Callable[[], float] = time.monotonic,
+                 report_on_timer: bool = True) -> None:
+        super().__init__()
+        self.window = window
+        self._clock = clock
+        self._report_on_timer = report_on_timer
+        self._lock = threading.Lock()
+        self._window_start: dict[tuple[str, str], float] = {}
+        self._suppressed = 0
+        self._example = ""
+        self._since = 0.0  # when the first of the unreported suppressions happened
+        self._timer: threading.Timer | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (record.name == "temporalio" or record.name.startswith("temporalio.")):
+            return True
+        if not logging.WARNING <= record.levelno < logging.CRITICAL:
+            return True
+        decided = record.__dict__.get("relay_sdk_passed")  # a record reaches every handler: decide once
+        if decided is None:
+            decided = self._decide(record)
+            record.__dict__["relay_sdk_passed"] = decided
+        return bool(decided)
+
+    def _decide(self, record: logging.LogRecord) -> bool:
+        core = record.__dict__.get("temporal_log")
+        if core is not None:  # a kind per Core module: its retry warnings name each gRPC call and count
+            _compact_core_message(record, core)
+            kind = (record.name, str(getattr(core, "target", "")))
+        else:
+            kind = (record.name, _DIGITS.sub("#", str(record.msg)))
+        now = self._clock()
+        with self._lock:
+            started = self._window_start.get(kind)
+            if started is None or now - started >= self.window.total_seconds():
+                self._forget_old(now)
+                self._window_start[kind] = now
+                return True
+            if not self._suppressed:
+                self._since, self._example = now, record.getMessage()[:200]
+            self._suppressed += 1
+            if self._report_on_timer and self._timer is None:
+                self._timer = threading.Timer(self.window.total_seconds(), self.report)
+                self._timer.daemon = True  # the atexit hook reports what is pending at exit
+                self._timer.start()
+        return False
+
+    def _forget_old(self, now: float) -> None:
+        if len(self._window_start) >= _MAX_KINDS:  # messages with ids in them must not grow this without bound
+            self._window_start = {k: t for k, t in self._window_start.items()
+                                  if now - t < self.window.total_seconds()}
+
+    def take_summary(self) -> str | None:
+        """The line reporting what was suppressed since the last one (None if nothing was); resets the count."""
+        with self._lock:
+            count, example, since = self._suppressed, self._example, self._since
+            self._suppressed, self._example, self._timer = 0, "", None
+        if not count:
+            return None
+        return (f"{count} Temporal SDK warnings suppressed in the last {self._clock() - since:.0f} s "
+                f"(the first: {example})")
+
+    def report(self) -> None:
+        summary = self.take_summary()
+        if summary:
+            logging.getLogger(SUMMARY_LOGGER).warning(summary)
+
+
+def install_temporal_sdk_logging() -> SdkLogThrottle:
+    """Route the SDK's Rust core logs through Python logging, and throttle the SDK's warnings on every handler of
+    the root logger (the one ``relay``'s ``main`` configures).
+
+    By default Core writes its own ANSI-coloured lines straight to stderr, past Python's format, filters and
+    level. Forwarded, they are records on ``temporalio.core`` like any other. Call it once per process, before
+    the first Temporal client: a client keeps the runtime it was made with.
+    """
+    forwarding = LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False,
+                                     prepend_target_on_message=False, append_log_fields_to_message=False)
+    logging_config = LoggingConfig(filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
+                                   forwarding=forwarding)
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config)), error_if_already_set=False)
+    throttle = next((f for h in logging.getLogger().handlers for f in h.filters if isinstance(f, SdkLogThrottle)),
+                    None)
+    if throttle is None:
+        throttle = SdkLogThrottle()
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(throttle)
+        atexit.register(throttle.report)
+    return throttle

@@ -16,10 +16,12 @@ import worker
 from gateway.app import create_app
 from gateway.devserver import TemporalDevServer
 from gateway.errors import AuthError
+from gateway.http_limits import http_protocol
+from gateway.logs import install_temporal_sdk_logging
 from gateway.models import make_engine
 from gateway.settings import Settings
 from gateway.store import Store
-from gateway.ws import executor_protocol
+from gateway.ws import executor_protocol, refusal_before_upgrade
 
 DEV_ORG = "local"
 
@@ -38,6 +40,8 @@ def _server(settings: Settings) -> _Server:
         app,
         host=settings.host,
         port=settings.port,
+        http=http_protocol(header_timeout=settings.header_timeout,
+                           before_upgrade=refusal_before_upgrade(lambda: app.state.gateway)),
         ws=executor_protocol(settings.executor_ping_wait, lambda: app.state.gateway),
         ws_ping_interval=settings.server_ping_interval_secs,
         ws_ping_timeout=None,
@@ -80,37 +84,36 @@ def dev_key(settings: Settings, store: Store) -> str:
 
 
 async def dev(settings: Settings) -> None:
+    install_temporal_sdk_logging()
     stop = asyncio.Event()
     _stop_on_signals(stop)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    temporal = TemporalDevServer(settings) if settings.embedded_temporal else None
-    try:
-        if temporal is not None:
-            await temporal.start()
+    async with contextlib.AsyncExitStack() as stack:
+        if settings.embedded_temporal:  # started first, stopped last, restarted whenever it dies in between
+            await stack.enter_async_context(TemporalDevServer(settings).running(stop))
         store = Store(make_engine(settings.db_url))
         key = dev_key(settings, store)
         store.engine.dispose()
         server = _server(settings)
         worker_task = asyncio.create_task(worker.run(settings, stop))
-        ui = f"http://127.0.0.1:{settings.temporal_ui_port}" if temporal else "(external Temporal)"
+        ui = f"http://127.0.0.1:{settings.temporal_ui_port}" if settings.embedded_temporal else "(external Temporal)"
         print(f"Relay is starting.\n  conductor_url: ws://{settings.host}:{settings.port}/\n"
               f"  REST API:      http://{settings.host}:{settings.port}/v2/orgs/{DEV_ORG}/apps\n"
               f"  Temporal UI:   {ui}\n  dev key:       {key}  (org {DEV_ORG})", flush=True)
         await _serve_until(server, stop)
         stop.set()
         await worker_task
-    finally:
-        if temporal is not None:
-            temporal.stop()
 
 
 async def gateway(settings: Settings) -> None:
+    install_temporal_sdk_logging()
     stop = asyncio.Event()
     _stop_on_signals(stop)
     await _serve_until(_server(settings), stop)
 
 
 async def run_worker(settings: Settings) -> None:
+    install_temporal_sdk_logging()
     stop = asyncio.Event()
     _stop_on_signals(stop)
     await worker.run(settings, stop)
