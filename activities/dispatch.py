@@ -22,6 +22,8 @@ from workflows.inputs import (
     ExistPendingInput,
     ExistPendingReply,
     HoldGatewayInput,
+    ProbeGatewayInput,
+    ProbeGatewayReply,
     RecoveryReply,
     RetentionReply,
 )
@@ -30,11 +32,25 @@ HEARTBEAT_EVERY = timedelta(seconds=2)
 
 
 class HubActivities:
-    def __init__(self, hub: Hub) -> None:
+    def __init__(self, hub: Hub, contact_for: Callable[[], timedelta] = lambda: timedelta(0)) -> None:
         self._hub = hub
+        self._contact_for = contact_for  # how long this process has been in contact with Temporal
+
+    @activity.defn(name=Activity.PROBE_GATEWAY)
+    async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
+        """The fence's question: picked up at all, this gateway is alive; does it hold the executor's socket?"""
+        conn = self._hub.find(input.org, input.app, input.executor_id) if input.executor_id else None
+        return ProbeGatewayReply(connection=conn.signal if conn is not None else None,
+                                 contact_for=self._contact_for())
 
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
+        for dead in input.dead_executor_ids:
+            if self._hub.find(input.org, input.app, dead) is not None:
+                # Last line of the fence: the executor to recover holds a live socket here. Recovering it would
+                # make a second process run its workflows.
+                raise ApplicationError(f"executor {dead} is connected to this gateway: not recovering it",
+                                       type="ExecutorAlive", non_retryable=True)
         frame = wire.recovery_request(input.request_id, input.dead_executor_ids)
         reply = await self._request(input.executor_id, input.request_id, frame, input)
         if not isinstance(reply.reply, wire.RecoveryReply):
@@ -85,4 +101,5 @@ class HubActivities:
             await asyncio.sleep(input.heartbeat_interval.total_seconds())
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.dispatch_recovery, self.exist_pending_workflows, self.dispatch_retention, self.hold_gateway]
+        return [self.dispatch_recovery, self.exist_pending_workflows, self.dispatch_retention, self.hold_gateway,
+                self.probe_gateway]

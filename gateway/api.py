@@ -18,11 +18,11 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gateway import api_audit, api_tokens, models, revocation
 from gateway.api_common import AppName, AppPrincipal, GatewayDep, OrgName, OrgPrincipal, StoreDep, source_ip
-from gateway.errors import TemporalUnavailableError
+from gateway.errors import ServiceUnavailableError, TemporalUnavailableError
 from gateway.problems import responses
 from gateway.runtime import Gateway
 from gateway.schemas import EXTENSION, Application, Executor, Health, PatchAppInputBody, PutAppInputBody
-from gateway.store import Store, subject_of
+from gateway.store import Store, outage, subject_of
 from workflows.inputs import RemovedSignal, lifecycle_workflow_id
 
 log = logging.getLogger("relay.gateway")
@@ -171,4 +171,29 @@ async def list_executors(orgName: OrgName, appName: AppName, _p: AppPrincipal,
 @health_router.get("/healthz", operation_id="healthz", summary="Health check", responses=responses(),
                    openapi_extra=EXTENSION)
 async def healthz() -> Health:
+    """Liveness: the process serves. Readiness (Temporal, the database) is ``/readyz``."""
+    return Health()
+
+
+# A database that does not answer a SELECT 1 within this long counts as unreachable for readiness.
+READY_DB_TIMEOUT = timedelta(seconds=2)
+
+
+@health_router.get("/readyz", operation_id="readyz", summary="Readiness check", responses=responses(503),
+                   openapi_extra=EXTENSION)
+async def readyz(gateway: GatewayDep) -> Health:
+    """Ready when this gateway is in contact with Temporal (not fenced) and its database answers; otherwise 503
+    with the reason. A load balancer should send executors only to ready gateways."""
+    reasons = []
+    contact = gateway.contact_state
+    if not contact.in_contact:
+        fenced = "; fenced: executor sockets closed and refused" if contact.fenced else ""
+        reasons.append(f"Temporal unreachable for {contact.away_for().total_seconds():.0f} s "
+                       f"({contact.reason}){fenced}")
+    try:
+        await asyncio.wait_for(asyncio.to_thread(gateway.store.ping), READY_DB_TIMEOUT.total_seconds())
+    except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason
+        reasons.append(f"database unreachable ({outage(err) if not isinstance(err, TimeoutError) else 'no answer'})")
+    if reasons:
+        raise ServiceUnavailableError("; ".join(reasons))
     return Health()

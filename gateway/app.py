@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from gateway import api, metrics, problems, revocation
+from gateway.http_limits import BodyLimit
 from gateway.logs import install_redaction
 from gateway.models import make_engine
 from gateway.runtime import Gateway
@@ -30,8 +31,8 @@ def create_app(settings: Settings) -> FastAPI:
         gateway = Gateway(settings=settings, store=store, client=client)
         app.state.store = store
         app.state.gateway = gateway
-        async with gateway.worker(), revocation.watch(store=store, hub=gateway.hub):
-            await gateway.start_watch()
+        async with (gateway.worker(), revocation.watch(store=store, hub=gateway.hub, admission=gateway.admission),
+                    gateway.contact().running(), gateway.watched()):
             log.info("gateway ready; socket-bound activities on task queue %s", gateway.task_queue)
             yield
             await gateway.close_all()
@@ -45,6 +46,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     problems.install(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_request_body_bytes)
     app.include_router(api.router)
     app.include_router(api.health_router)
     app.include_router(metrics.router)

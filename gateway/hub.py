@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from gateway import session as sm
 from gateway.errors import ExecutorTimeoutError, ExecutorUnavailableError
+from workflows.inputs import ConnectedSignal
 
 Send = Callable[[str], Awaitable[None]]
 Close = Callable[[int, str], Awaitable[None]]
@@ -21,8 +22,8 @@ SUPERSEDED_CLOSE_CODE = 4000  # private-use range: "another connection of this e
 class Connection:
     """One executor socket, after its handshake."""
 
-    __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "_send", "_close",
-                 "_waiters")
+    __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "signal", "_send",
+                 "_close", "_waiters")
 
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
                  send: Send, close: Close, key_id: str = "", app_id: str = "") -> None:
@@ -34,6 +35,8 @@ class Connection:
         self.app = app
         self.executor_id = executor_id
         self.session = session
+        # The `connected` signal sent for it: the fence's probe answers with it, and reconciliation resends it.
+        self.signal: ConnectedSignal | None = None
         self._send = send
         self._close = close
         self._waiters: dict[str, asyncio.Future[sm.Reply]] = {}
@@ -125,6 +128,9 @@ class Hub:
         if conn is None:
             raise ExecutorUnavailableError(f"executor {executor_id} is not connected to this gateway")
         return conn
+
+    def find(self, org: str, app: str, executor_id: str) -> Connection | None:
+        return self._connections.get((org, app, executor_id))
 
     def connections(self) -> list[Connection]:
         return list(self._connections.values())

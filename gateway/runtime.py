@@ -1,23 +1,32 @@
 """One gateway process at run time: its settings, store, connection hub, Temporal client, its own task queue
-(for socket-bound activities), and the signals it sends to lifecycle workflows."""
+(for socket-bound activities), the signals it sends to lifecycle workflows, its watch, and what it does when it
+loses contact with Temporal (``gateway.contact``): fence itself, then reconcile once contact is back.
+
+Signals are never dropped while the gateway lives: one that cannot be delivered is retried with capped backoff
+until it lands or a newer connection of the same executor supersedes it (``SignalLanes``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from activities.dispatch import HubActivities
 from gateway.admission import Admission
-from gateway.hub import Hub
+from gateway.contact import Change, Contact, ContactState
+from gateway.hub import Connection, Hub
+from gateway.models import ExecutorStatus
 from gateway.settings import Settings
 from gateway.store import Store
 from workflows.gateway import GatewayWorkflow
@@ -35,9 +44,15 @@ from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 log = logging.getLogger("relay.gateway")
 
-SIGNAL_ATTEMPTS = 8
 SIGNAL_BACKOFF_INITIAL = timedelta(milliseconds=200)
-SIGNAL_BACKOFF_MAX = timedelta(seconds=5)
+# Capped low: once Temporal is back, every held-back signal lands within about this long.
+SIGNAL_BACKOFF_MAX = timedelta(seconds=2)
+SIGNAL_FAILURES_LOGGED_EVERY = 30  # a signal failing for minutes logs a line now and then, not every attempt
+# Sockets closed by the fence: 1012 "Service Restart"; every SDK reconnects after any close.
+FENCE_CLOSE_CODE = 1012
+FENCE_CLOSE_REASON = "gateway lost contact with Temporal; reconnect"
+# After the watch ends (or could not be checked), look again this long later.
+WATCH_RECHECK = timedelta(seconds=1)
 
 
 class Gateway:
@@ -55,19 +70,95 @@ class Gateway:
         self.task_queue = GATEWAY_TASK_QUEUE_PREFIX + uuid.uuid4().hex
         self._background: set[asyncio.Task[None]] = set()
         self._lanes = SignalLanes()
+        self.contact_state = ContactState(fence_after=settings.gateway_fence)
+
+    @property
+    def fenced(self) -> bool:
+        """Out of contact with Temporal for the fence time: executor upgrades are refused until contact is back."""
+        return self.contact_state.fenced
 
     def worker(self) -> Worker:
-        return Worker(self.client, task_queue=self.task_queue, activities=HubActivities(self.hub).all())
+        return Worker(self.client, task_queue=self.task_queue,
+                      activities=HubActivities(self.hub, self.contact_state.contact_for).all())
 
-    async def start_watch(self) -> None:
-        """Start the workflow that disconnects this gateway's executors if this process dies."""
-        await self.client.start_workflow(
-            GatewayWorkflow.run,
-            GatewayInput(self.task_queue, heartbeat_timeout=self.settings.gateway_heartbeat_timeout),
-            id=gateway_workflow_id(self.task_queue),
-            task_queue=SHARED_TASK_QUEUE,
-            static_summary=f"gateway process {self.task_queue}",
-        )
+    def contact(self) -> Contact:
+        """The loop that checks Temporal; run it with ``contact().running()`` for the gateway's lifetime."""
+        every = min(timedelta(seconds=1), self.settings.gateway_fence / 3)
+        return Contact(check=lambda: self.client.service_client.check_health(timeout=every),
+                       on_change=self._on_contact_change, state=self.contact_state,
+                       target=self.settings.temporal_target, every=every)
+
+    async def _on_contact_change(self, change: Change) -> None:
+        if change is Change.FENCED:
+            await self.close_all(FENCE_CLOSE_CODE, FENCE_CLOSE_REASON)
+        elif change is Change.REGAINED:
+            self.spawn(self.reconcile())
+
+    async def reconcile(self) -> None:
+        """Make the registry agree with the sockets this process holds, after a time out of contact: each held
+        socket HEALTHY under its current connection id, each executor placed here without a socket disconnected.
+
+        The registry may lag the workflows (writes are activities), so a mismatch can be one already on its way;
+        resending is harmless: a ``connected`` for the recorded connection and a ``disconnected`` for a
+        connection that is no longer current change nothing.
+        """
+        rows = await asyncio.to_thread(self.store.registry_on_gateway, self.task_queue)
+        held = {(c.org, c.app, c.executor_id): c for c in self.hub.connections()}
+        resent = gone = 0
+        for key, conn in held.items():
+            if conn.signal is not None and rows.get(key) != (ExecutorStatus.HEALTHY, conn.connection_id):
+                resent += 1
+                self.spawn(self.resend_connected(conn))
+        for (org, app, executor_id), (status, connection_id) in rows.items():
+            if (org, app, executor_id) not in held and status == ExecutorStatus.HEALTHY:
+                gone += 1
+                self.spawn_disconnected(org, app, executor_id, connection_id)
+        log.info("reconciled %d sockets with the registry: %d connected resent, %d disconnected sent",
+                 len(held), resent, gone)
+
+    async def resend_connected(self, conn: Connection) -> None:
+        signal = conn.signal
+        if signal is not None:
+            await self.signal_connected(conn.org, conn.app, dataclasses.replace(signal, signal_id=str(uuid.uuid4())))
+
+    async def start_watch(self) -> WorkflowHandle[GatewayWorkflow, object]:
+        """Start the workflow that disconnects this gateway's executors if this process dies (once per id)."""
+        try:
+            return await self.client.start_workflow(
+                GatewayWorkflow.run,
+                GatewayInput(self.task_queue, heartbeat_timeout=self.settings.gateway_heartbeat_timeout),
+                id=gateway_workflow_id(self.task_queue),
+                task_queue=SHARED_TASK_QUEUE,
+                static_summary=f"gateway process {self.task_queue}",
+            )
+        except WorkflowAlreadyStartedError:
+            return self.client.get_workflow_handle_for(GatewayWorkflow.run, gateway_workflow_id(self.task_queue))
+
+    @contextlib.asynccontextmanager
+    async def watched(self) -> AsyncIterator[None]:
+        """Start the watch (failing if Temporal cannot be reached now), then keep it running for the block."""
+        await self.start_watch()
+        task = asyncio.create_task(self.keep_watched(), name="relay-gateway-watch-keeper")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def keep_watched(self) -> None:
+        """Restart the watch whenever it is not running: after an outage, after it completed (it declared this
+        gateway gone while it was cut off), or if it failed. The workflow id keeps it to one per gateway."""
+        while True:
+            try:
+                handle = await self.start_watch()
+                await handle.result()  # follows continue-as-new; returns only when the watch has ended
+                log.warning("the watch of this gateway ended; starting it again")
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # Temporal away: the contact loop reports it; look again shortly
+                log.debug("watch check failed: %s", err)
+            await asyncio.sleep(WATCH_RECHECK.total_seconds())
 
     async def signal_connected(self, org: str, app: str, signal: ConnectedSignal) -> bool:
         """Signal-with-start the executor's lifecycle workflow. False when Temporal stayed unreachable."""
@@ -76,7 +167,8 @@ class Gateway:
         async def send() -> None:
             await self.client.start_workflow(
                 ExecutorLifecycleWorkflow.run,
-                LifecycleInput(org, app, executor_id, recovery_timeout=self.settings.recovery_timeout),
+                LifecycleInput(org, app, executor_id, recovery_timeout=self.settings.recovery_timeout,
+                               probe_timeout=self.settings.gateway_heartbeat_timeout),
                 id=lifecycle_workflow_id(org, app, executor_id),
                 task_queue=SHARED_TASK_QUEUE,
                 start_signal="connected",
@@ -85,8 +177,9 @@ class Gateway:
                 static_summary=f"DBOS executor {executor_id} of {org}/{app}",
             )
 
-        return await self._lanes.send((org, app, executor_id), signal.connection_id, connected=True,
-                                    send=lambda: _retry(send, f"connected for {executor_id}"))
+        key, connection_id = (org, app, executor_id), signal.connection_id
+        return await self._lanes.send(key, connection_id, connected=True, send=lambda: self._retry(
+            send, f"connected for {executor_id}", lambda: self._lanes.is_latest(key, connection_id)))
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""
@@ -96,14 +189,39 @@ class Gateway:
             handle = self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
             await handle.signal(ExecutorLifecycleWorkflow.disconnected, signal)
 
-        self.spawn(self._lanes.send((org, app, executor_id), connection_id, connected=False,
-                                  send=lambda: _retry(send, f"disconnected for {executor_id}")))
+        key = (org, app, executor_id)
+        self.spawn(self._lanes.send(key, connection_id, connected=False, send=lambda: self._retry(
+            send, f"disconnected for {executor_id}", lambda: self._lanes.is_latest(key, connection_id))))
 
     def spawn(self, work: Awaitable[object]) -> None:
         """Run ``work`` in the background; ``drain`` waits for what is still running at shutdown."""
         task = asyncio.ensure_future(_drop(work))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+    async def _retry(self, send: Callable[[], Awaitable[None]], what: str, wanted: Callable[[], bool]) -> bool:
+        """Send until it lands (True), the workflow has ended (False), or a newer connection of the same
+        executor supersedes it (True: dropped as stale). Never gives up while the gateway lives."""
+        delay = SIGNAL_BACKOFF_INITIAL
+        failures = 0
+        while wanted():
+            try:
+                await send()
+                return True
+            except RPCError as err:
+                if err.status == RPCStatusCode.NOT_FOUND:
+                    return False  # the workflow already ended: nothing to tell it
+                failures += 1
+                reason = err.message
+            except Exception as err:  # whatever the client raises, the signal is kept
+                failures += 1
+                reason = f"{type(err).__name__}: {err}"
+            # Out of contact, the contact loop has said so once: each held-back signal stays quiet.
+            if self.contact_state.in_contact and failures % SIGNAL_FAILURES_LOGGED_EVERY == 1:
+                log.warning("signal %s failed (attempt %d, retrying): %s", what, failures, reason)
+            await asyncio.sleep(delay.total_seconds())
+            delay = min(delay * 2, SIGNAL_BACKOFF_MAX)
+        return True
 
     async def close_all(self, code: int = 1001, reason: str = "gateway shutting down") -> None:
         for conn in self.hub.connections():
@@ -129,6 +247,11 @@ class SignalLanes:
 
     def __len__(self) -> int:
         return len(self._lanes)
+
+    def is_latest(self, executor: tuple[str, str, str], connection_id: str) -> bool:
+        """False once a newer connection's ``connected`` is queued for the executor: this one's signals are stale."""
+        lane = self._lanes.get(executor)
+        return lane is None or lane.latest == connection_id
 
     async def send(self, executor: tuple[str, str, str], connection_id: str, *, connected: bool,
                    send: Callable[[], Awaitable[bool]]) -> bool:
@@ -169,21 +292,6 @@ async def _drop(work: Awaitable[object]) -> None:
         await work
     except Exception:
         log.exception("background work failed")
-
-
-async def _retry(send: Callable[[], Awaitable[None]], what: str) -> bool:
-    delay = SIGNAL_BACKOFF_INITIAL
-    for attempt in range(1, SIGNAL_ATTEMPTS + 1):
-        try:
-            await send()
-            return True
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                return False  # the workflow already ended: nothing to tell it
-            log.warning("signal %s failed (attempt %d): %s", what, attempt, err.message)
-        await asyncio.sleep(delay.total_seconds())
-        delay = min(delay * 2, SIGNAL_BACKOFF_MAX)
-    return False
 
 
 RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from gateway import units
@@ -35,6 +35,11 @@ class Settings(BaseSettings):
     handshake_timeout_secs: float = Field(default=10, gt=0)
     # A gateway process silent this long is declared gone; the executors it held are disconnected then.
     gateway_heartbeat_timeout_secs: float = Field(default=10, gt=0)
+    # A gateway out of contact with Temporal this long fences itself: it closes its executor sockets (they
+    # reconnect to a gateway that can speak for them) and refuses upgrades until contact is back. It must be
+    # shorter than the time its watch needs to declare it gone: a missed heartbeat, then an unanswered probe,
+    # each RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS. Unset: the heartbeat timeout.
+    gateway_fence_secs: float | None = Field(default=None, gt=0)
     # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
     # socket, and no compression oracle on a stream that carries keys in its URL).
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
@@ -42,6 +47,10 @@ class Settings(BaseSettings):
     allowed_origins: str = Field(default="", description="comma-separated; executors send no Origin at all")
     max_connections_per_key: int = Field(default=10_000, ge=1)
     handshakes_per_key_per_second: float = Field(default=100, gt=0)
+    # HTTP-level hardening (issue 10): a connection must send a complete request head this soon (partial heads
+    # were held forever), and a REST request body may be at most this large (413 beyond; a 10 MB body was parsed).
+    header_timeout_secs: float = Field(default=5, gt=0)
+    max_request_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     recovery_timeout_secs: float = Field(default=60, gt=0)
 
     @field_validator("data_dir")
@@ -77,9 +86,24 @@ class Settings(BaseSettings):
     def retention_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.retention_interval_secs)
 
+    @model_validator(mode="after")
+    def _fence_before_gone(self) -> Settings:
+        if self.gateway_fence_secs is not None and self.gateway_fence_secs >= 2 * self.gateway_heartbeat_timeout_secs:
+            raise ValueError("RELAY_GATEWAY_FENCE_SECS must be shorter than twice RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS "
+                             "(a gateway cut off from Temporal must fence itself before its watch declares it gone)")
+        return self
+
+    @property
+    def gateway_fence(self) -> timedelta:
+        return units.seconds_to_timedelta(self.gateway_fence_secs or self.gateway_heartbeat_timeout_secs)
+
     @property
     def gateway_heartbeat_timeout(self) -> timedelta:
         return units.seconds_to_timedelta(self.gateway_heartbeat_timeout_secs)
+
+    @property
+    def header_timeout(self) -> timedelta:
+        return units.seconds_to_timedelta(self.header_timeout_secs)
 
     @property
     def handshake_timeout(self) -> timedelta:

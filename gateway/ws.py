@@ -22,19 +22,32 @@ from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import unquote
 
+from sqlalchemy.exc import SQLAlchemyError
 from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState
 from websockets.http11 import Request, Response
 
+from gateway import identity
 from gateway import session as sm
-from gateway.errors import ExecutorUnavailableError, ForbiddenError, NotFoundError, ProtocolError, RelayError
+from gateway.errors import (
+    AuthError,
+    ExecutorUnavailableError,
+    ForbiddenError,
+    IdentityError,
+    NotFoundError,
+    ProtocolError,
+    RelayError,
+    ServiceUnavailableError,
+)
+from gateway.http_limits import BeforeUpgrade, raw_problem
 from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
 from gateway.liveness import LivenessProtocol
+from gateway.logs import WarningsOnly
 from gateway.models import Application
 from gateway.problems import relay_problem
 from gateway.runtime import Gateway
 from gateway.schemas import APP_PATTERN
-from gateway.store import Principal, Store, hash_key, subject_of
+from gateway.store import Principal, Store, hash_key, outage, subject_of
 from workflows.inputs import ConnectedSignal, ExecutorInfo
 
 log = logging.getLogger("relay.gateway")
@@ -42,6 +55,10 @@ _PATH = re.compile(r"/websocket/([^/?]*)/([^/?]*)")
 _app_name = re.compile(APP_PATTERN)
 MALFORMED_AUDITED = 20  # per connection, before audit rows for malformed frames are rate-limited
 CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a close frame carries at most 123 bytes of reason
+# websockets logs every upgrade it answers at INFO ("connection open", "connection rejected (401 Unauthorized)"),
+# on uvicorn's logger, past Relay's rate limit: a flood of wrong keys made a line each. Relay logs its own
+# accepted and (rate-limited) refused lines; websockets' warnings and errors still come through.
+QUIET_PROTOCOL_LOG = WarningsOnly(logging.getLogger("uvicorn.error"), {})
 
 
 class _Lost(Exception):
@@ -70,6 +87,7 @@ class ExecutorSocket(LivenessProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.conn.logger = QUIET_PROTOCOL_LOG
         self.session: sm.Session | None = None  # set when the path is an executor's
         self.handshake: asyncio.Future[sm.Handshake] | None = None  # pending while executor_info is due
         self.executor: Connection | None = None  # set once the handshake is done
@@ -123,10 +141,12 @@ class ExecutorSocket(LivenessProtocol):
         org: str | None = None
         digest = hash_key(key)
         try:
+            if gw.fenced:
+                raise ServiceUnavailableError("this gateway has lost contact with Temporal; reconnect (to another)")
             gw.admission.check_origin(request.headers.get("Origin"))
             if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
                 raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
-            gw.admission.check_unknown(digest)
+            gw.admission.check_key(digest)  # a wrong key ends here, with no database trip
             principal, application = await asyncio.to_thread(_join, gw.store, key, app_name, source_ip)
             org = principal.org
             if application is None:
@@ -139,17 +159,22 @@ class ExecutorSocket(LivenessProtocol):
             await self._refuse(gw, err.error, app=app_name, org=None, source_ip=source_ip)
         except RelayError as err:
             await self._refuse(gw, err, app=app_name, org=org, source_ip=source_ip)
+        except SQLAlchemyError as err:
+            # Relay's database is away (stopped, restarting, locked): refuse before the upgrade with 503, not 500;
+            # the SDK tries again a second later. No audit row (it could not be written now); the driver's message
+            # goes to the log, once a minute, not to the client.
+            if gw.admission.should_report("database", "unavailable"):
+                log.warning("database unavailable while admitting an executor of app %r: %s", app_name, outage(err))
+            await self._refuse(gw, ServiceUnavailableError("Relay's database is unavailable; retry shortly"),
+                               app=app_name, org=None, source_ip=source_ip)
         return None
 
     async def _refuse(self, gw: Gateway, err: RelayError, *, app: str, org: str | None, source_ip: str) -> None:
         """Refuse before the upgrade. SDKs retry every second forever, so reporting is rate-limited."""
-        if gw.admission.should_report(source_ip, f"{err.status}:{app}"):
-            log.info("refused executor connection for app %r from %s: %s (%d similar refusals suppressed so far)",
-                     app, source_ip, err.detail, gw.admission.suppressed)
-            if org is not None:
-                await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
-                                        status="failure", source_ip=source_ip,
-                                        details={"status": err.status, "reason": err.detail})
+        if _report_refusal(gw, err, app=app, org=org, source_ip=source_ip) and org is not None:
+            await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
+                                    status="failure", source_ip=source_ip,
+                                    details={"status": err.status, "reason": err.detail})
         problem = relay_problem(err)
         headers = Headers([("Content-Type", problem.media_type or "application/problem+json"),
                            ("Content-Length", str(len(problem.body))), ("Connection", "close")])
@@ -172,7 +197,7 @@ class ExecutorSocket(LivenessProtocol):
         """Send ``executor_info``, wait for the reply, register the executor. Frames after that are handled by
         ``send_receive_event_to_app`` as they come; this returns once the executor is registered (or refused)."""
         org, app, source_ip = joined.org, joined.app, joined.source_ip
-        session = self.session = sm.Session()
+        session = self.session = sm.Session(identity=identity.checker(org, app))
         self.handshake = self.loop.create_future()
         self.send_now(session.start())
         try:
@@ -181,8 +206,11 @@ class ExecutorSocket(LivenessProtocol):
         except (ProtocolError, TimeoutError) as err:
             reason = err.detail if isinstance(err, ProtocolError) else "no executor_info reply in time"
             code = err.close_code if isinstance(err, ProtocolError) else 1008
-            # A broken client reconnects every second: report each kind of failure once a minute per address.
-            if gw.admission.should_report(source_ip, f"handshake:{app}:{reason[:60]}"):
+            # A broken client reconnects every second: report each kind of failure once a minute per address, and
+            # a bad identity once a minute per app (its reason carries sizes, never the values).
+            source, kind = ((f"{org}/{app}", "identity") if isinstance(err, IdentityError)
+                            else (source_ip, f"handshake:{app}:{reason[:60]}"))
+            if gw.admission.should_report(source, kind):
                 log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
                 await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
                                         status="failure", source_ip=source_ip, details={"reason": reason})
@@ -209,6 +237,7 @@ class ExecutorSocket(LivenessProtocol):
                 executor_metadata=info.executor_metadata,
             ),
         )
+        conn.signal = signal
         landed = await gw.signal_connected(org, app, signal)
         # `disconnected` must follow `connected`: a close while signalling is reported only now.
         self.registered = True
@@ -257,8 +286,12 @@ class ExecutorSocket(LivenessProtocol):
             if self.executor is not None:
                 self.executor.deliver(event)
         else:
-            log.info("ignored frame from executor %s: %s", self.executor.executor_id if self.executor else "?",
-                     event.reason)
+            # Late replies (to a request that timed out) and unsolicited ones are harmless, but an executor may send
+            # them in a stream: like malformed frames, at most one line a minute per connection.
+            admission = self.gateway().admission
+            if admission.should_report(self.executor.connection_id if self.executor else str(id(self)), "ignored"):
+                log.info("ignored frame from executor %s: %s (%d repeated reports suppressed so far)",
+                         self.executor.executor_id if self.executor else "?", event.reason, admission.suppressed)
 
     def _malformed(self, conn: Connection, err: ProtocolError) -> None:
         # A malformed reply must not bring the connection down with it: the request it answers (if that much
@@ -357,6 +390,38 @@ def _join(store: Store, key: str, app_name: str, source_ip: str) -> tuple[Princi
         return principal, None
     application, _ = store.ensure_app(principal.org, app_name, subject=subject_of(principal), source_ip=source_ip)
     return principal, application
+
+
+def _report_refusal(gw: Gateway, err: RelayError, *, app: str, org: str | None, source_ip: str) -> bool:
+    """Log a refusal, at most once a minute per address and kind; True when it was logged (and is to be audited).
+
+    Before the key is known, the app name is the client's own text: it must not make each refusal a new kind to
+    report, so those are reported per address and status only."""
+    if not gw.admission.should_report(source_ip, f"{err.status}:{app}" if org is not None else str(err.status)):
+        return False
+    log.info("refused executor connection for app %r from %s: %s (%d similar refusals suppressed so far)",
+             app[:40], source_ip, err.detail, gw.admission.suppressed)
+    return True
+
+
+def refusal_before_upgrade(gateway: GatewayOf) -> BeforeUpgrade:
+    """For the HTTP layer (``http_limits``): refuse an executor upgrade whose key is not live before the WebSocket
+    protocol object is built for it. Parsing the upgrade again and building that object cost about ten times the
+    HTTP parse: a flood of wrong keys kept the event loop busy, and good executors' handshakes waited behind it."""
+
+    def check(target: str, source_ip: str) -> bytes | None:
+        match = _PATH.fullmatch(target.partition("?")[0])
+        if match is None:
+            return None
+        gw = gateway()
+        try:
+            gw.admission.check_key(hash_key(unquote(match[2])))
+        except AuthError as err:
+            _report_refusal(gw, err, app=unquote(match[1]), org=None, source_ip=source_ip)
+            return raw_problem(err.status, err.detail)
+        return None
+
+    return check
 
 
 def executor_protocol(ping_wait: timedelta, gateway: GatewayOf) -> type[ExecutorSocket]:
