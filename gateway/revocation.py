@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
@@ -22,11 +23,12 @@ from sqlalchemy.exc import SQLAlchemyError
 from gateway.admission import Admission
 from gateway.errors import AuthError, ForbiddenError
 from gateway.hub import Connection, Hub
-from gateway.store import Store
+from gateway.store import Store, outage
 
 log = logging.getLogger("relay.gateway")
 
 REVOKED_REASON = "API key revoked"
+DB_FAILURE_REPORT_EVERY = timedelta(minutes=1)
 APP_DELETED_REASON = "application deleted"
 
 
@@ -98,12 +100,17 @@ async def watch(*, store: Store, hub: Hub, admission: Admission | None = None,
     watcher = Watcher(store=store, hub=hub, admission=admission)
 
     async def loop() -> None:
+        last_reported = -math.inf
         while True:
             await asyncio.sleep(interval.total_seconds())
             try:
                 await watcher.sweep()
             except SQLAlchemyError as err:  # a locked or unreachable database: try again next round
-                log.warning("revocation check failed: %s", err)
+                # Twice a second for the whole outage: one short line a minute is enough.
+                now = asyncio.get_running_loop().time()
+                if now - last_reported >= DB_FAILURE_REPORT_EVERY.total_seconds():
+                    last_reported = now
+                    log.warning("revocation check failed (database unavailable): %s", outage(err))
             except Exception:  # a bug here must not end the loop: revocation would silently stop working
                 log.exception("revocation check failed")
 

@@ -212,8 +212,12 @@ class ExecutorSocket(LivenessProtocol):
                             else (source_ip, f"handshake:{app}:{reason[:60]}"))
             if gw.admission.should_report(source, kind):
                 log.warning("closing executor socket of app %r from %s: %s", app, source_ip, reason)
-                await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.protocol_error",
-                                        status="failure", source_ip=source_ip, details={"reason": reason})
+                try:
+                    await asyncio.to_thread(gw.store.write_audit, org=org, app=app,
+                                            operation="executor.protocol_error", status="failure",
+                                            source_ip=source_ip, details={"reason": reason})
+                except SQLAlchemyError as db_err:  # the database is away: the log line above must do
+                    log.warning("could not audit it: %s", outage(db_err))
             await self.close_with(code, reason)
             return
         except _Lost:
