@@ -4,6 +4,7 @@ unreachable, cut down to one line per kind per minute and a count of the rest.""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import re
@@ -12,7 +13,7 @@ import time
 from collections.abc import Callable
 from datetime import timedelta
 
-from temporalio.exceptions import ApplicationError
+from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 
 # The last path segment of /websocket/{app}/{key}, and any dbos_ key anywhere else in a message.
@@ -64,12 +65,16 @@ class OneLineActivityFailures(logging.Filter):
     with no underlying exception is how Relay's activities fail on purpose (``activities.dispatch`` turns a
     ``RelayError`` into one: a peer that has just gone, an executor that did not answer); its message is the
     reason and its traceback only the line that raised it, so one line with the type and reason is enough. Any
-    other exception, a bug, keeps its traceback."""
+    other exception, a bug, keeps its traceback. So does an activity the SDK cancelled (the gateway's watch hold,
+    timed out on the server while Temporal was away): the reason is all there is to say."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         err = record.exc_info[1] if record.exc_info else None
         if isinstance(err, ApplicationError) and err.__cause__ is None:
             record.msg, record.args = f"{record.getMessage()}: {err.type or 'ApplicationError'}: {err.message}", None
+            record.exc_info, record.exc_text = None, None
+        elif isinstance(err, (asyncio.CancelledError, CancelledError)):
+            record.msg, record.args = f"{record.getMessage()}: cancelled ({err})", None
             record.exc_info, record.exc_text = None, None
         return True
 

@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     # A gateway out of contact with Temporal this long fences itself: it closes its executor sockets (they
     # reconnect to a gateway that can speak for them) and refuses upgrades until contact is back. It must be
     # shorter than the time its watch needs to declare it gone: a missed heartbeat, then an unanswered probe,
-    # each RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS. Unset: the heartbeat timeout.
+    # each RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS; and shorter than a probe's timeout alone, the heartbeat timeout
+    # (a probe picked up by a gateway that then loses contact counts as gone that long later). Unset: 80 % of it.
     gateway_fence_secs: float | None = Field(default=None, gt=0)
     # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
     # socket, and no compression oracle on a stream that carries keys in its URL).
@@ -88,14 +89,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _fence_before_gone(self) -> Settings:
-        if self.gateway_fence_secs is not None and self.gateway_fence_secs >= 2 * self.gateway_heartbeat_timeout_secs:
-            raise ValueError("RELAY_GATEWAY_FENCE_SECS must be shorter than twice RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS "
-                             "(a gateway cut off from Temporal must fence itself before its watch declares it gone)")
+        if self.gateway_fence_secs is not None and self.gateway_fence_secs >= self.gateway_heartbeat_timeout_secs:
+            raise ValueError("RELAY_GATEWAY_FENCE_SECS must be shorter than RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS "
+                             "(a gateway cut off from Temporal must fence itself before it can be declared gone)")
         return self
 
     @property
     def gateway_fence(self) -> timedelta:
-        return units.seconds_to_timedelta(self.gateway_fence_secs or self.gateway_heartbeat_timeout_secs)
+        return units.seconds_to_timedelta(self.gateway_fence_secs or 0.8 * self.gateway_heartbeat_timeout_secs)
 
     @property
     def gateway_heartbeat_timeout(self) -> timedelta:

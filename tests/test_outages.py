@@ -105,13 +105,21 @@ class EchoServer:
         self.close()
 
 
+Dial = Callable[[int], socket.socket | None]
+
+
 @pytest.fixture
-def dial() -> Iterator[Callable[[int], socket.socket]]:
-    """Connect to a local port (reads time out after 0.5 s); every socket is closed at the end."""
+def dial() -> Iterator[Dial]:
+    """Connect to a local port (reads time out after 0.5 s); None when the connection is refused or reset while
+    being set up (a cut proxy resets what it accepts, sometimes before ``connect`` returns). Every socket is
+    closed at the end."""
     opened: list[socket.socket] = []
 
-    def connect(port: int) -> socket.socket:
-        sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+    def connect(port: int) -> socket.socket | None:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+        except OSError:
+            return None
         opened.append(sock)
         sock.settimeout(0.5)
         return sock
@@ -123,8 +131,10 @@ def dial() -> Iterator[Callable[[int], socket.socket]]:
             sock.close()
 
 
-def _echo(sock: socket.socket, data: bytes = b"x") -> bytes | None:
-    """The echo of ``data``; None when the connection is reset or closed, b"" kept apart as silence."""
+def _echo(sock: socket.socket | None, data: bytes = b"x") -> bytes | None:
+    """The echo of ``data``; None when the connection is refused, reset or closed, b"" kept apart as silence."""
+    if sock is None:
+        return None
     try:
         sock.sendall(data)
         reply = sock.recv(100)
@@ -135,7 +145,7 @@ def _echo(sock: socket.socket, data: bytes = b"x") -> bytes | None:
     return reply or None
 
 
-def test_proxy_forwards_then_reset_cut_refuses_then_restores(dial: Callable[[int], socket.socket]) -> None:
+def test_proxy_forwards_then_reset_cut_refuses_then_restores(dial: Dial) -> None:
     with EchoServer(b"a:") as echo, TcpProxy(echo.port) as proxy:
         before = dial(proxy.port)
         assert _echo(before) == b"a:x"
@@ -147,7 +157,7 @@ def test_proxy_forwards_then_reset_cut_refuses_then_restores(dial: Callable[[int
         assert proxy.per_backend == [2]
 
 
-def test_proxy_blackhole_drops_bytes_and_restore_resets_what_it_held(dial: Callable[[int], socket.socket]) -> None:
+def test_proxy_blackhole_drops_bytes_and_restore_resets_what_it_held(dial: Dial) -> None:
     with EchoServer(b"a:") as echo, TcpProxy(echo.port) as proxy:
         before = dial(proxy.port)
         assert _echo(before) == b"a:x"
@@ -160,7 +170,7 @@ def test_proxy_blackhole_drops_bytes_and_restore_resets_what_it_held(dial: Calla
         assert _echo(dial(proxy.port)) == b"a:x"
 
 
-def test_load_balancer_round_robin_and_down_backends(dial: Callable[[int], socket.socket]) -> None:
+def test_load_balancer_round_robin_and_down_backends(dial: Dial) -> None:
     with EchoServer(b"a:") as a, EchoServer(b"b:") as b, LoadBalancer(a.port, b.port) as lb:
         assert [_echo(dial(lb.port)) for _ in range(4)] == [b"a:x", b"b:x", b"a:x", b"b:x"]
         lb.mark_down(0)

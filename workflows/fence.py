@@ -20,26 +20,29 @@ from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 with workflow.unsafe.imports_passed_through():
     from workflows.inputs import Activity, ProbeGatewayInput, ProbeGatewayReply
 
-# How long a gateway may take to run the probe once it has picked it up (a dictionary lookup).
-PROBE_RUN_TIMEOUT = timedelta(seconds=10)
+GONE = (TimeoutType.SCHEDULE_TO_START, TimeoutType.START_TO_CLOSE)
 # Pause between probes when one was picked up but failed (the gateway died mid-probe): the next one tells.
 PROBE_RETRY = timedelta(seconds=1)
 
 
 async def probe(gateway_queue: str, input: ProbeGatewayInput, *, timeout: timedelta) -> ProbeGatewayReply | None:
-    """The gateway's answer, or None when it did not pick the probe up within ``timeout`` (it is gone)."""
+    """The gateway's answer, or None when it is gone: it did not pick the probe up within ``timeout``, or picked it
+    up and did not answer within ``timeout`` more (a gateway cut off by a partition that drops packets: its long
+    polls still look open to the server, which hands them the probe). Either way it has lost contact with
+    Temporal, and a gateway out of contact fences itself within ``RELAY_GATEWAY_FENCE_SECS``, which is shorter:
+    by the time it counts as gone it holds no socket. Any other failure (the task failed) is asked again."""
     while True:
         try:
             reply: ProbeGatewayReply = await workflow.execute_activity(
                 Activity.PROBE_GATEWAY, input, result_type=ProbeGatewayReply, task_queue=gateway_queue,
                 retry_policy=RetryPolicy(maximum_attempts=1),
-                schedule_to_start_timeout=timeout, start_to_close_timeout=PROBE_RUN_TIMEOUT,
+                schedule_to_start_timeout=timeout, start_to_close_timeout=timeout,
                 summary=f"probe {gateway_queue}" + (f" for {input.executor_id}" if input.executor_id else ""),
             )
             return reply
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise
-            if isinstance(err.cause, ActivityTimeoutError) and err.cause.type == TimeoutType.SCHEDULE_TO_START:
+            if isinstance(err.cause, ActivityTimeoutError) and err.cause.type in GONE:
                 return None
         await workflow.sleep(PROBE_RETRY, summary="probe again")
