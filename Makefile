@@ -38,7 +38,7 @@ bench: $(STAMP)
 	$(PY) -m tests.bench
 
 openapi: $(STAMP)
-	$(PY) -m gateway.openapi > api/spec/openapi.json
+	$(PY) -m api.openapi > api/spec/openapi.json
 
 clean:
 	rm -rf $(VENV) .relay

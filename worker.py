@@ -24,10 +24,10 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
-from gateway.models import make_engine
-from gateway.settings import Settings
-from gateway.store import Store
-from gateway.temporal import connect
+from core.models import make_engine
+from core.settings import Settings
+from core.store import Store
+from core.temporal import connect
 from workflows.gateway import GatewayWorkflow
 from workflows.inputs import RETENTION_SCHEDULE_ID, SHARED_TASK_QUEUE, RetentionInput
 from workflows.lifecycle import ExecutorLifecycleWorkflow

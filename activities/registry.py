@@ -16,9 +16,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
-from gateway.errors import NotFoundError
-from gateway.models import ExecutorStatus
-from gateway.store import Store, outage, unavailable
+from core.errors import NotFoundError
+from core.models import ExecutorStatus
+from core.store import Store, outage, unavailable
 from workflows.inputs import (
     Activity,
     Candidate,
@@ -52,7 +52,7 @@ class RegistryActivities:
         self._reported_at = 0.0
 
     async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a store call in a thread. A database that is away (``gateway.store.unavailable``: stopped,
+        """Run a store call in a thread. A database that is away (``core.store.unavailable``: stopped,
         restarting, locked) fails this attempt with a short, retryable error: the workflow retries it until the
         database is back, and each write lands once by its event key, so nothing is lost or doubled.
 

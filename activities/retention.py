@@ -1,6 +1,6 @@
 """Database activities of the retention rounds, run by the worker on the shared task queue.
 
-The socket-bound one (``dispatch_retention``) is in ``activities.dispatch``, with the other requests to executors.
+The socket-bound one (``dispatch_retention``) is in ``gateway.activities``, with the other requests to executors.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from temporalio import activity
 
-from gateway import units, wire
-from gateway.store import Store
+from core import units, wire
+from core.store import Store
 from workflows.inputs import (
     Activity,
     Candidate,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from gateway.errors import AuthError, ForbiddenError, RateLimitedError
+from core.errors import AuthError, ForbiddenError, RateLimitedError
 
 Clock = Callable[[], float]
 

@@ -31,7 +31,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS
 
-from gateway.problems import PROBLEM_JSON, problem
+from core.problem import PROBLEM_JSON
+from core.problem import problem_body as _problem_body
 
 # websockets' limits on an upgrade request, so that whatever passes here passes there too: bytes in the request
 # line and in any header line (websockets counts the CRLF, these do not), and headers.
@@ -61,8 +62,8 @@ def head_status(head: bytes) -> HTTPStatus | None:
 
 
 def problem_body(status: int, detail: str) -> bytes:
-    """The body ``problems.problem`` gives, for answers written below the ASGI app."""
-    return bytes(problem(status, HTTPStatus(status).phrase, detail).body)
+    """The body the REST app's problem responses carry, for answers written below the ASGI app."""
+    return _problem_body(status, HTTPStatus(status).phrase, detail)
 
 
 def raw_problem(status: int, detail: str) -> bytes:

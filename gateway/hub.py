@@ -8,8 +8,8 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import TypeVar
 
+from core.errors import ExecutorTimeoutError, ExecutorUnavailableError
 from gateway import session as sm
-from gateway.errors import ExecutorTimeoutError, ExecutorUnavailableError
 from workflows.inputs import ConnectedSignal
 
 Send = Callable[[str], Awaitable[None]]

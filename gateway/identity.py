@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from gateway import wire
-from gateway.errors import IdentityError
+from core import wire
+from core.errors import IdentityError
 from workflows.inputs import lifecycle_workflow_id
 
 # Temporal's default limits (dynamic config ``limit.maxIDLength`` and ``limit.searchAttributesSizeOfValue``):

@@ -20,10 +20,10 @@ from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
+from core.errors import AuthError, ForbiddenError
+from core.store import Store, outage
 from gateway.admission import Admission
-from gateway.errors import AuthError, ForbiddenError
 from gateway.hub import Connection, Hub
-from gateway.store import Store, outage
 
 log = logging.getLogger("relay.gateway")
 

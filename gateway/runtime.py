@@ -22,13 +22,13 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from activities.dispatch import HubActivities
+from core.models import ExecutorStatus
+from core.settings import Settings
+from core.store import Store
+from gateway.activities import HubActivities
 from gateway.admission import Admission
 from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection, Hub
-from gateway.models import ExecutorStatus
-from gateway.settings import Settings
-from gateway.store import Store
 from workflows.gateway import GatewayWorkflow
 from workflows.inputs import (
     GATEWAY_TASK_QUEUE_PREFIX,

@@ -11,8 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
-from gateway import wire
-from gateway.errors import ProtocolError
+from core import wire
+from core.errors import ProtocolError
 
 
 class State(Enum):

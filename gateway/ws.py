@@ -27,9 +27,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState
 from websockets.http11 import Request, Response
 
-from gateway import identity
-from gateway import session as sm
-from gateway.errors import (
+from core.errors import (
     AuthError,
     ExecutorUnavailableError,
     ForbiddenError,
@@ -39,15 +37,17 @@ from gateway.errors import (
     RelayError,
     ServiceUnavailableError,
 )
+from core.logs import WarningsOnly
+from core.models import Application
+from core.names import APP_PATTERN
+from core.problem import PROBLEM_JSON, problem_body
+from core.store import Principal, Store, hash_key, outage, subject_of
+from gateway import identity
+from gateway import session as sm
 from gateway.http_limits import BeforeUpgrade, raw_problem
 from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
 from gateway.liveness import LivenessProtocol
-from gateway.logs import WarningsOnly
-from gateway.models import Application
-from gateway.problems import relay_problem
 from gateway.runtime import Gateway
-from gateway.schemas import APP_PATTERN
-from gateway.store import Principal, Store, hash_key, outage, subject_of
 from workflows.inputs import ConnectedSignal, ExecutorInfo
 
 log = logging.getLogger("relay.gateway")
@@ -175,11 +175,10 @@ class ExecutorSocket(LivenessProtocol):
             await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
                                     status="failure", source_ip=source_ip,
                                     details={"status": err.status, "reason": err.detail})
-        problem = relay_problem(err)
-        headers = Headers([("Content-Type", problem.media_type or "application/problem+json"),
-                           ("Content-Length", str(len(problem.body))), ("Connection", "close")])
-        status = problem.status_code
-        self._respond(Response(status, HTTPStatus(status).phrase, headers, bytes(problem.body)))
+        body = problem_body(err.status, err.title, err.detail)
+        headers = Headers([("Content-Type", PROBLEM_JSON), ("Content-Length", str(len(body))),
+                           ("Connection", "close")])
+        self._respond(Response(err.status, HTTPStatus(err.status).phrase, headers, body))
 
     def _respond(self, response: Response) -> None:
         """Answer the upgrade request with a plain HTTP response, then close."""

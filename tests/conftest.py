@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from temporalio.testing import WorkflowEnvironment
 
-from gateway.temporal import data_converter, venv_binary
+from core.temporal import data_converter, venv_binary
 
 
 @pytest.fixture(scope="session")

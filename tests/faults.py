@@ -437,7 +437,7 @@ WATCH_QUERY = "WorkflowType = 'GatewayWorkflow' AND ExecutionStatus = 'Running'"
 
 def running_watches(temporal_address: str, namespace: str = "default") -> list[str]:
     """The ids of the running gateway-watch workflows (visibility; the dev server's is close to immediate)."""
-    from gateway.temporal import connect
+    from core.temporal import connect
 
     async def listing() -> list[str]:
         client = await connect(temporal_address, namespace)

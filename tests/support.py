@@ -194,8 +194,8 @@ def play_executor(relay: Relay, app: str, executor_id: str, *, version: str = "v
 def start_temporal(data_dir: Path, *extra: str) -> tuple[Process, str]:
     """A Temporal dev server on its own (as `relay dev` would start it, with Relay's search attributes), for
     tests that run `relay worker` / `relay gateway` separately. Returns the process and its address."""
-    from gateway.devserver import command
-    from gateway.settings import Settings
+    from cli.devserver import command
+    from core.settings import Settings
 
     port = free_port()
     settings = Settings(data_dir=data_dir, temporal_port=port, temporal_ui_port=free_port())
@@ -269,7 +269,7 @@ def audit_rows_at(url: str, app: str, executor_id: str | None = None) -> list[Au
     """``audit_rows``, from the database at ``url`` (SQLite or PostgreSQL)."""
     from sqlmodel import col, select
 
-    from gateway.models import AuditLog
+    from core.models import AuditLog
 
     query = (select(AuditLog.operation, AuditLog.executor_id, AuditLog.emit_time, AuditLog.details)
              .where(AuditLog.app == app).order_by(col(AuditLog.emit_time)))
@@ -282,7 +282,7 @@ def registry_at(url: str, app: str) -> dict[str, str]:
     """``registry``, from the database at ``url`` (SQLite or PostgreSQL)."""
     from sqlmodel import select
 
-    from gateway.models import Executor
+    from core.models import Executor
 
     rows = _read_db(url, select(Executor.executor_id, Executor.status).where(Executor.app == app))
     return {str(ex): str(status) for ex, status in rows}
@@ -374,7 +374,7 @@ def lifecycle_state(temporal_address: str, app: str, executor_id: str, *, org: s
     """The executor's lifecycle workflow state (a ``LifecycleState``, by query); None if it cannot be read."""
     import asyncio
 
-    from gateway.temporal import connect as temporal_connect
+    from core.temporal import connect as temporal_connect
     from workflows.inputs import lifecycle_workflow_id
     from workflows.lifecycle import ExecutorLifecycleWorkflow
 

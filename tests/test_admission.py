@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from core.errors import AuthError, ForbiddenError, RateLimitedError
 from gateway.admission import Admission
-from gateway.errors import AuthError, ForbiddenError, RateLimitedError
 
 
 class Clock:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
-from gateway.settings import Settings
+from core.settings import Settings
 from workflows.inputs import SEARCH_ATTRIBUTES
 
 COMPOSE_FILE = Path(__file__).resolve().parent.parent / "docker-compose.temporal.yml"
@@ -101,5 +101,5 @@ def unknown_relay_variables(text: str) -> set[str]:
 
 def test_relay_variables_are_settings(text: str) -> None:
     assert RELAY_VAR.search(text)
-    assert not unknown_relay_variables(text), "not fields of gateway.settings.Settings"
+    assert not unknown_relay_variables(text), "not fields of core.settings.Settings"
     assert unknown_relay_variables(text + "\n# RELAY_TEMPORAL_HOST\n") == {"RELAY_TEMPORAL_HOST"}

@@ -15,14 +15,14 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from core.models import ExecutorStatus
+from core.settings import Settings
+from core.store import Store
 from gateway import runtime
 from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection
-from gateway.models import ExecutorStatus
 from gateway.runtime import Gateway
 from gateway.session import Session
-from gateway.settings import Settings
-from gateway.store import Store
 from tests.support import Relay
 from workflows.inputs import ConnectedSignal, ExecutorInfo
 

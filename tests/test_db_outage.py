@@ -34,10 +34,10 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 from activities.registry import DATABASE_UNAVAILABLE, RegistryActivities
-from gateway.errors import ConflictError, NotFoundError
-from gateway.models import ExecutorStatus, make_engine
-from gateway.store import Store, subject_of
-from gateway.temporal import connect as temporal_connect
+from core.errors import ConflictError, NotFoundError
+from core.models import ExecutorStatus, make_engine
+from core.store import Store, subject_of
+from core.temporal import connect as temporal_connect
 from tests.postgres import PostgresCluster, postgres_cluster, relay_on_postgres
 from tests.support import (
     RawPeer,

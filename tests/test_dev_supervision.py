@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.logs import CORE_LOGGER, SdkLogThrottle
+from core.logs import CORE_LOGGER, SdkLogThrottle
 from tests.support import RawPeer, Relay, relay_env, start_relay, wait_recorded, wait_until
 
 APP = "supervised"

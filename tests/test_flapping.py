@@ -15,7 +15,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError
 from websockets.sync.client import connect
 
-from gateway.temporal import connect as temporal_connect
+from core.temporal import connect as temporal_connect
 from tests.support import Relay, relay_env, start_relay, start_temporal, wait_until
 from workflows.inputs import LifecycleState, lifecycle_workflow_id
 from workflows.lifecycle import ExecutorLifecycleWorkflow

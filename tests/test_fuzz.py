@@ -17,9 +17,9 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from sqlmodel import Session
 
-from gateway.models import ApiKey, make_engine
-from gateway.schemas import TOKEN_NAME_MAX
-from gateway.store import KEY_PREFIX, hash_key
+from api.schemas import TOKEN_NAME_MAX
+from core.models import ApiKey, make_engine
+from core.store import KEY_PREFIX, hash_key
 from tests.support import Relay
 
 pytestmark = pytest.mark.e2e

@@ -40,16 +40,17 @@ from websockets.http11 import Request
 from websockets.streams import StreamReader
 from websockets.uri import parse_uri
 
-from gateway import http_limits, identity, wire, ws
+from core import wire
+from core.errors import AuthError, IdentityError
+from core.logs import OneLineActivityFailures, install_redaction
+from core.models import make_engine
+from core.store import Store, hash_key
+from gateway import http_limits, identity, ws
 from gateway import session as sm
 from gateway.admission import Admission
-from gateway.errors import AuthError, IdentityError
 from gateway.http_limits import MAX_HEADERS, MAX_LINE, BodyLimit, GuardedHTTP, head_status, http_protocol
-from gateway.logs import OneLineActivityFailures, install_redaction
-from gateway.models import make_engine
 from gateway.revocation import Watcher
 from gateway.runtime import Gateway
-from gateway.store import Store, hash_key
 from tests.rawclient import RawClient
 from tests.support import VENV_BIN, Process, Relay, free_port, healthy, wait_until
 from tests.test_wire_fuzz import JOINED, FakeGateway, Frame, Peer, _gateway_log, _protocol, _registered, _turns
@@ -590,7 +591,7 @@ async def _peer_gone() -> None:
     try:
         raise KeyError("no socket")
     except KeyError:
-        # As activities.dispatch does with a RelayError: the reason in the message, no cause attached.
+        # As gateway.activities does with a RelayError: the reason in the message, no cause attached.
         raise ApplicationError("executor e-1 is not connected to this gateway", type="ExecutorUnavailableError",
                                non_retryable=True) from None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gateway.openapi import render, spec
+from api.openapi import render, spec
 
 SPEC = Path(__file__).parent.parent / "api" / "spec" / "openapi.json"
 

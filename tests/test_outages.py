@@ -297,8 +297,8 @@ class Cluster:
     def start_temporal(self) -> float:
         """Start (or start again, after a kill) the dev server on the same ports and database file, as
         ``tests.support.start_temporal`` does; returns the epoch second it was spawned, once it answers."""
-        from gateway.devserver import command
-        from gateway.settings import Settings
+        from cli.devserver import command
+        from core.settings import Settings
 
         settings = Settings(data_dir=self.tmp, temporal_port=self.temporal_port,
                             temporal_ui_port=self.temporal_ui_port)
@@ -348,7 +348,7 @@ _NONE = RegistryRow("")
 
 
 def _temporal_answers(address: str) -> bool:
-    from gateway.temporal import connect
+    from core.temporal import connect
 
     async def check() -> None:
         client = await connect(address, "default")

@@ -22,7 +22,7 @@ from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from temporalio.workflow import NondeterminismError
 
-from gateway.temporal import data_converter
+from core.temporal import data_converter
 from tests.histories.scenarios import SCENARIOS
 from workflows import gateway, lifecycle
 from workflows.gateway import GatewayWorkflow

@@ -17,8 +17,8 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import ClientConnection, connect
 
-from gateway.models import make_engine
-from gateway.store import Store
+from core.models import make_engine
+from core.store import Store
 from tests.postgres import postgres_cluster, relay_on_postgres
 from tests.support import Relay, play_executor, wait_until
 from tests.test_compat import assert_problem, assert_upstream

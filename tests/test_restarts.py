@@ -17,9 +17,9 @@ import httpx
 import pytest
 from temporalio.api.enums.v1 import EventType
 
-from gateway.devserver import command
-from gateway.settings import Settings
-from gateway.temporal import connect
+from cli.devserver import command
+from core.settings import Settings
+from core.temporal import connect
 from tests.support import (
     VENV_BIN,
     AuditRow,

@@ -25,11 +25,11 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
 from activities.retention import audit_details
-from gateway import units, wire
-from gateway.errors import ProtocolError
-from gateway.models import Application, Executor, ExecutorStatus, make_engine
-from gateway.store import Store
-from gateway.temporal import data_converter, venv_binary
+from core import units, wire
+from core.errors import ProtocolError
+from core.models import Application, Executor, ExecutorStatus, make_engine
+from core.store import Store
+from core.temporal import data_converter, venv_binary
 from tests.conftest import assert_eventually
 from workflows.inputs import (
     Activity,

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleOverlapPolicy
 
-from gateway.temporal import connect
+from core.temporal import connect
 from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, wait_until
 from workflows.inputs import (
     RETENTION_SCHEDULE_ID,

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from core.models import make_engine
+from core.store import Store
 from gateway import session as sm
 from gateway.hub import Connection, Hub
-from gateway.models import make_engine
 from gateway.revocation import APP_DELETED_REASON, REVOKED_REASON, Watcher
-from gateway.store import Store
 
 
 class Sockets:

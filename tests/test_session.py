@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from core import wire
+from core.errors import ProtocolError
 from gateway import session as sm
-from gateway import wire
-from gateway.errors import ProtocolError
 
 
 def _info(request_id: str, **fields: object) -> str:

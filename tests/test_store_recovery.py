@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.models import ExecutorStatus, make_engine
-from gateway.store import Store
+from core.models import ExecutorStatus, make_engine
+from core.store import Store
 from tests.postgres import PostgresCluster, postgres_cluster
 
 ORG, APP = "local", "spread-app"

@@ -1,5 +1,5 @@
 """The one module that converts between timedelta/datetime and seconds/milliseconds, and every path through it:
-the REST models (``gateway.schemas``), storage, and the admin CLI's flags and human durations.
+the REST models (``api.schemas``), storage, and the admin CLI's flags and human durations.
 
 A mix-up is a 1000x error, so the properties below pin each path to exactly one multiplication or division.
 """
@@ -17,9 +17,11 @@ from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gateway import admin_cli, models, schemas, units
-from gateway.admin_tables import DURATION_UNITS, format_duration
-from gateway.store import Store
+from api import schemas
+from cli import admin as admin_cli
+from cli.tables import DURATION_UNITS, format_duration
+from core import models, units
+from core.store import Store
 
 MAX_MS = units.timedelta_to_ms(timedelta.max)
 MAX_SECONDS = units.timedelta_to_seconds(timedelta.max)
@@ -60,7 +62,7 @@ def test_epoch_ms() -> None:
         units.datetime_to_epoch_ms(datetime(2026, 1, 1))  # noqa: DTZ001 — the naive input under test
 
 
-# -- properties of gateway.units -------------------------------------------------------------------------------
+# -- properties of core.units -------------------------------------------------------------------------------
 
 
 @given(ms_values)

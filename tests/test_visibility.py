@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.temporal import connect
+from core.temporal import connect
 from tests.support import Relay, play_executor, wait_until
 from workflows.inputs import lifecycle_workflow_id
 

@@ -32,13 +32,14 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from gateway import models, wire, ws
+from core import models, wire
+from core.errors import ExecutorUnavailableError, ProtocolError
+from core.store import Principal
 from gateway import session as sm
+from gateway import ws
 from gateway.admission import Admission
-from gateway.errors import ExecutorUnavailableError, ProtocolError
 from gateway.hub import Connection, Hub
 from gateway.runtime import Gateway
-from gateway.store import Principal
 from workflows.inputs import ConnectedSignal
 
 # Audit rows and log lines quote the reason: a frame of megabytes must not make one of megabytes.

@@ -169,8 +169,8 @@ class Generator:
 
 def temporal_command(data_dir: Path, port: int) -> list[str]:
     """Relay's own embedded-server command line (search attributes, SQLite pragmas), with no web UI."""
-    from gateway.devserver import command
-    from gateway.settings import Settings
+    from cli.devserver import command
+    from core.settings import Settings
 
     settings = Settings(data_dir=data_dir, temporal_port=port, temporal_ui_port=free_port())
     cmd = command(settings)

@@ -29,6 +29,6 @@ def _dump(_signum: int, _frame: FrameType | None) -> None:
 if __name__ == "__main__":
     tracemalloc.start(int(os.environ.get("BENCH_TRACE_FRAMES", "12")))
     signal.signal(signal.SIGUSR1, _dump)
-    from gateway.cli import main
+    from cli.main import main
 
     main(["gateway"])

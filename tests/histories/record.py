@@ -31,7 +31,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
-from gateway.temporal import data_converter, venv_binary
+from core.temporal import data_converter, venv_binary
 from tests.histories.scenarios import SCENARIOS, Lifecycle, Scenario, ScenarioError, check, gateway_watch
 from tests.lifecycle_fakes import FakeRelay, Relay
 from workflows import lifecycle

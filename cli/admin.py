@@ -6,7 +6,7 @@ no API key at all, ``keys create|list|revoke`` work on the local database.
 
 App settings take dbos-ctl's flags in REST units (``--executor-timeout-secs 90``) or human durations
 (``--executor-timeout 90s``). Either way the value is a ``timedelta`` from the moment it is parsed, and leaves as
-seconds or milliseconds only through ``gateway.units``.
+seconds or milliseconds only through ``core.units``.
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from urllib.parse import quote
 
 import httpx
 
-from gateway import admin_tables as tables
-from gateway import units
-from gateway.admin_tables import DURATION_UNITS, Json
-from gateway.errors import RelayError
-from gateway.models import make_engine, utcnow
-from gateway.settings import Settings
-from gateway.store import Store
+from cli import tables
+from cli.tables import DURATION_UNITS, Json
+from core import units
+from core.errors import RelayError
+from core.models import make_engine, utcnow
+from core.names import DEFAULT_ORG
+from core.settings import Settings
+from core.store import Store
 
-DEFAULT_ORG = "local"
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 # Audit rows are stamped by their writer (gateway or worker) before they commit, so one may appear after a
 # later-stamped one was already read: --follow re-reads this far back and skips the ids it has printed.

@@ -19,8 +19,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, and_, col, or_, select
 
-from gateway.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
-from gateway.models import (
+from core.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
+from core.models import (
     ApiKey,
     Application,
     AuditLog,

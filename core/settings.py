@@ -11,7 +11,7 @@ from pathlib import Path
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from gateway import units
+from core import units
 
 
 class Settings(BaseSettings):

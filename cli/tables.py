@@ -1,7 +1,7 @@
 """How the admin CLI shows API objects to a person: aligned tables, and durations as ``1d12h``.
 
 Input is the decoded JSON of the REST API (upstream Conductor field names); durations come back from seconds and
-milliseconds through ``gateway.units`` only.
+milliseconds through ``core.units`` only.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from gateway import units
+from core import units
 
 Json = Any  # a decoded JSON value
 DURATION_UNITS = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds", "ms": "milliseconds"}

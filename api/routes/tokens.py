@@ -13,11 +13,11 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
+from api.deps import AdminPrincipal, GatewayDep, OrgName, StoreDep, TokenName, source_ip
+from api.problems import responses
+from api.schemas import CreateTokenInputBody, Token, TokenCreated
+from core.store import subject_of
 from gateway import revocation
-from gateway.api_common import AdminPrincipal, GatewayDep, OrgName, StoreDep, TokenName, source_ip
-from gateway.problems import responses
-from gateway.schemas import CreateTokenInputBody, Token, TokenCreated
-from gateway.store import subject_of
 
 router = APIRouter(tags=["Tokens"])
 CreateTokenBody = Annotated[CreateTokenInputBody, Body(default_factory=CreateTokenInputBody)]  # optional, not null

@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
 
-from gateway.settings import Settings
-from gateway.temporal import connect, venv_binary
+from core.settings import Settings
+from core.temporal import connect, venv_binary
 from workflows.inputs import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("relay.dev")

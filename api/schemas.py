@@ -1,6 +1,6 @@
 """REST request and response models, in the upstream Conductor field names and units.
 
-This is one of the two edges where seconds and milliseconds exist; conversions go through ``gateway.units``.
+This is one of the two edges where seconds and milliseconds exist; conversions go through ``core.units``.
 Relay-only properties carry ``x-relay-extension: true`` in the spec; upstream properties that Relay accepts
 more of (or less of) say how in ``x-relay-extended``.
 """
@@ -22,7 +22,8 @@ from pydantic import (
     field_validator,
 )
 
-from gateway import models, units
+from core import models, units
+from core.names import APP_PATTERN
 
 MAX_EXECUTOR_TIMEOUT = timedelta(days=7)
 # Upstream says int64; Relay bounds durations so they fit a timedelta and every database's interval type.
@@ -31,8 +32,6 @@ MAX_RETENTION_DURATION = timedelta(days=36_525)  # 100 years
 # reads exactly; the spec states the bound as a float, exact for this value, not for 2**63 - 1.
 MAX_JSON_INT = 2**53 - 1
 
-ORG_PATTERN = r"^[a-z0-9_]+$"
-APP_PATTERN = r"^[a-z0-9-_]+$"
 # Upstream leaves token names and audit filters unconstrained; Relay refuses control characters in them
 # (PostgreSQL text cannot hold NUL) and bounds their length.
 PRINTABLE_PATTERN = r"^[^\x00-\x1f\x7f]+$"

@@ -9,15 +9,15 @@ import os
 import sys
 from collections.abc import Sequence
 
-from gateway import admin_cli
-from gateway.errors import RelayError
-from gateway.logs import install_redaction
-from gateway.models import make_engine
-from gateway.settings import Settings
-from gateway.store import SYSTEM_SUBJECT, Store
+from cli import admin as admin_cli
+from core.errors import RelayError
+from core.logs import install_redaction
+from core.models import make_engine
+from core.names import DEFAULT_ORG
+from core.settings import Settings
+from core.store import SYSTEM_SUBJECT, Store
 
 log = logging.getLogger("relay")
-DEV_ORG = "local"
 
 
 def _keys_create(settings: Settings, args: argparse.Namespace) -> None:
@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     sub.add_parser("worker", help="Temporal worker for workflows and database activities")
     keys = sub.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
     create = keys.add_parser("create", help="print one new key; only its hash is stored")
-    create.add_argument("--org", default=DEV_ORG)
+    create.add_argument("--org", default=DEFAULT_ORG)
     create.add_argument("--app", action="append", help="restrict the key to this app (repeatable)")
     create.add_argument("--name", default="cli", help="a label for the key")
     admin_cli.add_commands(sub, keys)
@@ -55,7 +55,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     install_redaction()
     settings = Settings()
     if args.command in ("dev", "gateway", "worker"):
-        from gateway import serve  # the server stack: only the commands that run it pay for importing it
+        from cli import serve  # the server stack: only the commands that run it pay for importing it
 
         entry = {"dev": serve.dev, "gateway": serve.gateway, "worker": serve.run_worker}[args.command]
         asyncio.run(entry(settings))

@@ -1,6 +1,6 @@
 """REST admin API routes (Conductor v2 subset): applications and executors, plus the token and audit routers.
 
-Every operation documents its problem responses (``gateway.problems``); app changes are audited with the
+Every operation documents its problem responses (``api.problems``); app changes are audited with the
 caller's key as subject and the request's source IP.
 """
 
@@ -16,13 +16,16 @@ from fastapi import APIRouter, Body, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from temporalio.service import RPCError, RPCStatusCode
 
-from gateway import api_audit, api_tokens, models, revocation
-from gateway.api_common import AppName, AppPrincipal, GatewayDep, OrgName, OrgPrincipal, StoreDep, source_ip
-from gateway.errors import ServiceUnavailableError, TemporalUnavailableError
-from gateway.problems import responses
+from api.deps import AppName, AppPrincipal, GatewayDep, OrgName, OrgPrincipal, StoreDep, source_ip
+from api.problems import responses
+from api.routes import audit as api_audit
+from api.routes import tokens as api_tokens
+from api.schemas import Application, Executor, PatchAppInputBody, PutAppInputBody
+from core import models
+from core.errors import TemporalUnavailableError
+from core.store import Store, subject_of
+from gateway import revocation
 from gateway.runtime import Gateway
-from gateway.schemas import EXTENSION, Application, Executor, Health, PatchAppInputBody, PutAppInputBody
-from gateway.store import Store, outage, subject_of
 from workflows.inputs import RemovedSignal, lifecycle_workflow_id
 
 log = logging.getLogger("relay.gateway")
@@ -36,7 +39,6 @@ REMOVAL_WAIT = timedelta(seconds=3)
 router = APIRouter(prefix="/v2/orgs/{orgName}")
 router.include_router(api_tokens.router)
 router.include_router(api_audit.router)
-health_router = APIRouter(tags=["Health"])
 
 APP_ERRORS = responses(401, 403, 404, 422)
 
@@ -166,34 +168,3 @@ async def list_executors(orgName: OrgName, appName: AppName, _p: AppPrincipal,
         return [Executor.of(row, app_id=app.id) for row in store.list_executors(orgName, appName)]
 
     return await run_in_threadpool(load)
-
-
-@health_router.get("/healthz", operation_id="healthz", summary="Health check", responses=responses(),
-                   openapi_extra=EXTENSION)
-async def healthz() -> Health:
-    """Liveness: the process serves. Readiness (Temporal, the database) is ``/readyz``."""
-    return Health()
-
-
-# A database that does not answer a SELECT 1 within this long counts as unreachable for readiness.
-READY_DB_TIMEOUT = timedelta(seconds=2)
-
-
-@health_router.get("/readyz", operation_id="readyz", summary="Readiness check", responses=responses(503),
-                   openapi_extra=EXTENSION)
-async def readyz(gateway: GatewayDep) -> Health:
-    """Ready when this gateway is in contact with Temporal (not fenced) and its database answers; otherwise 503
-    with the reason. A load balancer should send executors only to ready gateways."""
-    reasons = []
-    contact = gateway.contact_state
-    if not contact.in_contact:
-        fenced = "; fenced: executor sockets closed and refused" if contact.fenced else ""
-        reasons.append(f"Temporal unreachable for {contact.away_for().total_seconds():.0f} s "
-                       f"({contact.reason}){fenced}")
-    try:
-        await asyncio.wait_for(asyncio.to_thread(gateway.store.ping), READY_DB_TIMEOUT.total_seconds())
-    except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason
-        reasons.append(f"database unreachable ({outage(err) if not isinstance(err, TimeoutError) else 'no answer'})")
-    if reasons:
-        raise ServiceUnavailableError("; ".join(reasons))
-    return Health()

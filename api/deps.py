@@ -9,10 +9,11 @@ from fastapi import Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gateway.errors import AuthError, ForbiddenError
+from api.schemas import PRINTABLE_PATTERN, TOKEN_NAME_MAX, extended
+from core.errors import AuthError, ForbiddenError
+from core.names import APP_PATTERN, ORG_PATTERN
+from core.store import Principal, Store
 from gateway.runtime import Gateway
-from gateway.schemas import APP_PATTERN, ORG_PATTERN, PRINTABLE_PATTERN, TOKEN_NAME_MAX, extended
-from gateway.store import Principal, Store
 
 OrgName = Annotated[str, Path(min_length=3, max_length=30, pattern=ORG_PATTERN)]
 AppName = Annotated[str, Path(min_length=3, max_length=30, pattern=APP_PATTERN)]

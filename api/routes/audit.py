@@ -7,10 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 
-from gateway.api_common import AdminPrincipal, OrgName, StoreDep
-from gateway.models import AuditLog
-from gateway.problems import responses
-from gateway.schemas import (
+from api.deps import AdminPrincipal, OrgName, StoreDep
+from api.problems import responses
+from api.schemas import (
     FILTER_MAX,
     MAX_JSON_INT,
     PRINTABLE_PATTERN,
@@ -20,7 +19,8 @@ from gateway.schemas import (
     UTCTime,
     extended,
 )
-from gateway.store import API_KEY_SUBJECT, TOKEN_OPERATIONS
+from core.models import AuditLog
+from core.store import API_KEY_SUBJECT, TOKEN_OPERATIONS
 
 router = APIRouter(tags=["Audit"])
 

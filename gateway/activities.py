@@ -11,8 +11,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from gateway import wire
-from gateway.errors import RelayError
+from core import wire
+from core.errors import RelayError
 from gateway.hub import Hub
 from gateway.session import Reply
 from workflows.inputs import (

@@ -18,11 +18,11 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from gateway.errors import RelayError, ServiceUnavailableError
-from gateway.store import outage, unavailable
+from core.errors import RelayError, ServiceUnavailableError
+from core.problem import PROBLEM_JSON
+from core.store import outage, unavailable
 
 log = logging.getLogger("relay.gateway")
-PROBLEM_JSON = "application/problem+json"
 # An echoed value longer than this (as JSON) is replaced by a shortened string: errors must stay small.
 MAX_ECHO = 200
 

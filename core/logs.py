@@ -62,7 +62,7 @@ ACTIVITY_LOGGER = "temporalio.activity"  # the SDK's worker logs "Completing act
 
 class OneLineActivityFailures(logging.Filter):
     """The Temporal worker logs every failed activity attempt with its traceback. An ``ApplicationError`` raised
-    with no underlying exception is how Relay's activities fail on purpose (``activities.dispatch`` turns a
+    with no underlying exception is how Relay's activities fail on purpose (``gateway.activities`` turns a
     ``RelayError`` into one: a peer that has just gone, an executor that did not answer); its message is the
     reason and its traceback only the line that raised it, so one line with the type and reason is enough. Any
     other exception, a bug, keeps its traceback. So does an activity the SDK cancelled (the gateway's watch hold,

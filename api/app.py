@@ -9,14 +9,16 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from gateway import api, metrics, problems, revocation
+from api import problems
+from api.routes import apps, health, metrics
+from core.logs import install_redaction
+from core.models import make_engine
+from core.settings import Settings
+from core.store import Store
+from core.temporal import connect
+from gateway import revocation
 from gateway.http_limits import BodyLimit
-from gateway.logs import install_redaction
-from gateway.models import make_engine
 from gateway.runtime import Gateway
-from gateway.settings import Settings
-from gateway.store import Store
-from gateway.temporal import connect
 
 log = logging.getLogger("relay.gateway")
 
@@ -47,7 +49,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_body_bytes)
-    app.include_router(api.router)
-    app.include_router(api.health_router)
+    app.include_router(apps.router)
+    app.include_router(health.router)
     app.include_router(metrics.router)
     return app

@@ -10,10 +10,10 @@ from fastapi import APIRouter, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
-from gateway.api_common import Credentials
-from gateway.errors import AuthError
+from api.deps import Credentials
+from core.errors import AuthError
+from core.store import Store
 from gateway.runtime import Gateway
-from gateway.store import Store
 
 router = APIRouter(tags=["Health"])
 

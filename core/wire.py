@@ -13,8 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from gateway import units
-from gateway.errors import ProtocolError
+from core import units
+from core.errors import ProtocolError
 
 
 class _Reply(BaseModel):

@@ -13,17 +13,16 @@ from collections.abc import Generator
 import uvicorn
 
 import worker
-from gateway.app import create_app
-from gateway.devserver import TemporalDevServer
-from gateway.errors import AuthError
+from api.app import create_app
+from cli.devserver import TemporalDevServer
+from core.errors import AuthError
+from core.logs import install_temporal_sdk_logging
+from core.models import make_engine
+from core.names import DEFAULT_ORG
+from core.settings import Settings
+from core.store import Store
 from gateway.http_limits import http_protocol
-from gateway.logs import install_temporal_sdk_logging
-from gateway.models import make_engine
-from gateway.settings import Settings
-from gateway.store import Store
 from gateway.ws import executor_protocol, refusal_before_upgrade
-
-DEV_ORG = "local"
 
 
 class _Server(uvicorn.Server):
@@ -77,7 +76,7 @@ def dev_key(settings: Settings, store: Store) -> str:
             return key
         except AuthError:
             pass  # the database was reset: issue a new one
-    key = store.create_key(org=DEV_ORG, name="dev")
+    key = store.create_key(org=DEFAULT_ORG, name="dev")
     path.touch(mode=0o600)
     path.write_text(key + "\n")
     return key
@@ -98,8 +97,8 @@ async def dev(settings: Settings) -> None:
         worker_task = asyncio.create_task(worker.run(settings, stop))
         ui = f"http://127.0.0.1:{settings.temporal_ui_port}" if settings.embedded_temporal else "(external Temporal)"
         print(f"Relay is starting.\n  conductor_url: ws://{settings.host}:{settings.port}/\n"
-              f"  REST API:      http://{settings.host}:{settings.port}/v2/orgs/{DEV_ORG}/apps\n"
-              f"  Temporal UI:   {ui}\n  dev key:       {key}  (org {DEV_ORG})", flush=True)
+              f"  REST API:      http://{settings.host}:{settings.port}/v2/orgs/{DEFAULT_ORG}/apps\n"
+              f"  Temporal UI:   {ui}\n  dev key:       {key}  (org {DEFAULT_ORG})", flush=True)
         await _serve_until(server, stop)
         stop.set()
         await worker_task

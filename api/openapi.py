@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from gateway.app import create_app
-from gateway.settings import Settings
+from api.app import create_app
+from core.settings import Settings
 
 
 def spec() -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""Relay's shared kernel: settings, units, errors, logs, the Temporal client, models, store, wire format."""
