@@ -1,10 +1,11 @@
-# Relay: `make run` starts Relay on its embedded defaults; `make test` runs every test. Both set up first.
+# Relay: `make run` starts Relay on its embedded defaults; `make test` runs every test; `make check` runs lint,
+# types and the fast test tiers (README, "Tests"). Each sets up first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test lint openapi bench clean system-deps
+.PHONY: run test check lint openapi bench clean system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -29,6 +30,13 @@ test: $(STAMP) system-deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(PY) -m pytest -q
+
+# Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
+# system packages, the tests spread over every core.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
+	$(PY) -m pytest -q -m "not e2e" -n auto tests/unit tests/workflows tests/api
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

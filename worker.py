@@ -28,8 +28,9 @@ from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
 from core.temporal import connect
-from workflows.gateway import GatewayWorkflow
-from workflows.inputs import RETENTION_SCHEDULE_ID, SHARED_TASK_QUEUE, RetentionInput
+from workflows.contracts.common import SHARED_TASK_QUEUE
+from workflows.contracts.retention import RETENTION_SCHEDULE_ID, RetentionInput
+from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.retention import AppRetentionWorkflow, RetentionWorkflow
 
@@ -51,10 +52,10 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
-        # Relay's own typed inputs and pydantic are safe to share with the sandbox: not re-importing them for
-        # every workflow run is most of the cost of starting one (measured in the connect-storm benchmark).
+        # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
+        # re-importing them for every workflow run is most of the cost of starting one (the connect-storm benchmark).
         workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.inputs",
+            restrictions=SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.contracts",
                                                                              "workflows.timing", "workflows.fence")),
     )
 
@@ -71,7 +72,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     store.engine.dispose()
 
 
-# -- the retention schedule (issue 6) ----------------------------------------------------------------------------
+# -- the retention schedule ----------------------------------------------------------------------------------------
 
 # After Temporal was unavailable, run at most the rounds due in this last stretch, not a backlog (the server's
 # default is a year). Temporal's minimum is 10 s.

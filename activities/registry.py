@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -16,22 +15,18 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
+from core import units
 from core.errors import NotFoundError
-from core.models import ExecutorStatus
 from core.store import Store, outage, unavailable
-from workflows.inputs import (
-    Activity,
-    Candidate,
+from workflows.contracts.common import Activity, Candidate, DisconnectedSignal, lifecycle_workflow_id
+from workflows.contracts.gateway_watch import DisconnectGatewayInput, DisconnectGatewayResult
+from workflows.contracts.lifecycle import (
     DeleteExecutorInput,
-    DisconnectedSignal,
-    DisconnectGatewayInput,
-    DisconnectGatewayResult,
     GetExecutorTimeoutInput,
     PeerAvailableSignal,
     RecordStatusInput,
     SelectCandidateInput,
     WriteAuditInput,
-    lifecycle_workflow_id,
 )
 
 log = logging.getLogger("relay.worker")
@@ -88,9 +83,10 @@ class RegistryActivities:
         dead = await self._call(
             self._store.record_status,
             org=input.org, app=input.app, executor_id=input.executor_id,
-            status=ExecutorStatus(input.status), operation=input.operation, event_key=input.event_key,
-            info=dataclasses.asdict(input.info) if input.info else None,
-            connection_id=input.connection_id, gateway_queue=input.gateway_queue, details=input.details,
+            status=input.status, operation=input.operation, event_key=input.event_key,
+            info=input.info,
+            connection_id=input.connection_id, gateway_queue=input.gateway_queue,
+            details={**input.details, **units.rest_durations(input.durations)},
         )
         await self._wake_waiting_recoveries(input, dead)
 
@@ -132,7 +128,8 @@ class RegistryActivities:
         await self._call(
             self._store.write_audit,
             org=input.org, app=input.app, executor_id=input.executor_id, operation=input.operation,
-            status=input.status, details=input.details, event_key=input.event_key,
+            status=input.status, details={**input.details, **units.rest_durations(input.durations)},
+            event_key=input.event_key,
         )
 
     @activity.defn(name=Activity.DELETE_EXECUTOR)

@@ -13,9 +13,8 @@ from temporalio import activity
 
 from core import units, wire
 from core.store import Store
-from workflows.inputs import (
-    Activity,
-    Candidate,
+from workflows.contracts.common import Activity, Candidate
+from workflows.contracts.retention import (
     ListRetentionTargetsInput,
     RetentionTarget,
     SelectRetentionExecutorInput,

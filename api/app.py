@@ -23,7 +23,16 @@ from gateway.runtime import Gateway
 log = logging.getLogger("relay.gateway")
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI:
+    """The app of one gateway process. Its lifespan opens the store, connects to Temporal, builds the ``Gateway``
+    and runs its worker, revocation watcher, contact monitor and watch.
+
+    Args:
+        settings: The process's settings.
+        gateway: For tests of the REST contract in-process: the routes serve this gateway and its store, and the
+            app has no lifespan, so nothing connects to Temporal or starts in the background (ASGI transports
+            such as httpx's do not run a lifespan anyway). The caller owns the gateway, its store and client.
+    """
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         install_redaction()
@@ -45,8 +54,11 @@ def create_app(settings: Settings) -> FastAPI:
         title="Relay",
         version="0.1.0",
         summary="Self-hosted control plane for DBOS executors (Conductor API v2 subset)",
-        lifespan=lifespan,
+        lifespan=lifespan if gateway is None else None,
     )
+    if gateway is not None:
+        app.state.store = gateway.store
+        app.state.gateway = gateway
     problems.install(app)
     app.add_middleware(BodyLimit, max_bytes=settings.max_request_body_bytes)
     app.include_router(apps.router)

@@ -24,6 +24,7 @@ from pydantic import (
 
 from core import models, units
 from core.names import APP_PATTERN
+from workflows.contracts.common import ExecutorStatus
 
 MAX_EXECUTOR_TIMEOUT = timedelta(days=7)
 # Upstream says int64; Relay bounds durations so they fit a timedelta and every database's interval type.
@@ -157,7 +158,7 @@ class Executor(BaseModel):
     executorId: str
     appId: str
     appVersion: str
-    status: Literal["HEALTHY", "DISCONNECTED", "DEAD"]
+    status: ExecutorStatus
     hostId: str | None
     hostname: str | None
     createdAt: datetime
@@ -172,7 +173,7 @@ class Executor(BaseModel):
             executorId=row.executor_id,
             appId=app_id,
             appVersion=row.app_version,
-            status=row.status.value,
+            status=row.status,
             hostId=None,
             hostname=row.hostname,
             createdAt=row.created_at,

@@ -73,7 +73,10 @@ def _ms(text: str) -> timedelta:
 
 
 def _whole_seconds(text: str) -> timedelta:
-    value = parse_duration(text)
+    try:
+        value = parse_duration(text)
+    except argparse.ArgumentTypeError as err:
+        raise argparse.ArgumentTypeError(str(err).replace(", 500ms)", "; whole seconds)")) from None
     if units.seconds_to_timedelta(units.timedelta_to_seconds(value)) != value:
         raise argparse.ArgumentTypeError(f"{text!r}: executorTimeoutSecs takes whole seconds")
     return value
@@ -147,14 +150,27 @@ class Api:
         self._client = httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Bearer {key}"})
 
     def call(self, method: str, path: str, *, body: Json = None, params: dict[str, Any] | None = None) -> Json:
-        try:
-            response = self._client.request(method, f"/v2/orgs/{quote(self.org, safe='')}{path}",
-                                            json=body, params=params)
-        except httpx.HTTPError as err:
-            fail(f"cannot reach Relay at {self.url}: {err}")
+        response = self._request(method, path, body=body, params=params)
         if response.is_error:
             fail(problem_message(response))
         return response.json() if response.content else None
+
+    def find(self, path: str) -> Json:
+        """GET ``path``: its body, or None when it is not found (404)."""
+        response = self._request("GET", path)
+        if response.status_code == 404:
+            return None
+        if response.is_error:
+            fail(problem_message(response))
+        return response.json()
+
+    def _request(self, method: str, path: str, *, body: Json = None,
+                 params: dict[str, Any] | None = None) -> httpx.Response:
+        try:
+            return self._client.request(method, f"/v2/orgs/{quote(self.org, safe='')}{path}", json=body,
+                                        params=params)
+        except httpx.HTTPError as err:
+            fail(f"cannot reach Relay at {self.url}: {err}")
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> Api:
@@ -185,10 +201,21 @@ def _apps_get(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _apps_register(args: argparse.Namespace, settings: Settings) -> None:
+    """registerApp, then the settings given (updateApp). As registerApp changes nothing of an app that exists but
+    ``privateMode``, registering an existing app with other settings is refused, changing nothing: that is
+    ``relay apps update``'s job. Either way the CLI says when the app already existed."""
     api, path, body = _api(args, settings), "/apps" + _name(args.name), settings_body(args)
-    api.call("PUT", path, body={"privateMode": body.pop("privateMode")} if "privateMode" in body else None)
+    private = {"privateMode": body.pop("privateMode")} if "privateMode" in body else None
+    existed = api.find(path) is not None
+    if existed and body:
+        fail(f"application {args.name!r} is already registered; registering it again changes only --private-mode, "
+             f"so nothing was changed: use `relay apps update {args.name}` to change its settings")
+    api.call("PUT", path, body=private)
     if body:
         api.call("PATCH", path, body=body)
+    if existed:
+        print(f"relay: application {args.name!r} was already registered"
+              + ("; --private-mode applied" if private else "; nothing changed"), file=sys.stderr, flush=True)
     _emit(args, api.call("GET", path), tables.app_card)
 
 
@@ -339,8 +366,9 @@ def _setting_options(p: argparse.ArgumentParser) -> None:
         group, dest = p.add_mutually_exclusive_group(), flag.replace("-", "_")
         group.add_argument(f"--{flag}-{unit}", dest=dest, type=in_unit, default=argparse.SUPPRESS,
                            metavar=unit.upper(), help=f"{meaning}, in {'seconds' if unit == 'secs' else 'ms'}")
+        examples = "90s, 15m, 1h30m (whole seconds)" if unit == "secs" else "500ms, 90s, 15m, 12h, 7d"
         group.add_argument(f"--{flag}", dest=dest, type=human, default=argparse.SUPPRESS, metavar="DURATION",
-                           help="the same as a duration: 90s, 15m, 12h, 7d, 500ms")
+                           help=f"the same as a duration: {examples}")
 
     pair("executor-timeout", "secs", "grace between DISCONNECTED and DEAD")
     pair("gc-time-threshold", "ms", "garbage-collect workflows older than this (none: never)")
@@ -364,7 +392,10 @@ def add_commands(sub: Any, keys: Any) -> None:
     apps = sub.add_parser("apps", help="applications").add_subparsers(dest="apps_command", required=True)
     command(apps, "list", _apps_list, "list applications")
     command(apps, "get", _apps_get, "show one application", "name")
-    _setting_options(command(apps, "register", _apps_register, "register an application, settings optional", "name"))
+    register = command(apps, "register", _apps_register, "register an application, settings optional", "name")
+    register.epilog = ("An application that exists already keeps its settings: registering it again changes only "
+                       "--private-mode (as registerApp does) and refuses other settings; use relay apps update.")
+    _setting_options(register)
     _setting_options(command(apps, "update", _apps_update, "change an application's settings", "name"))
     command(apps, "delete", _apps_delete, "delete an application", "name")
     executors = sub.add_parser("executors", help="executors")

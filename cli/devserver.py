@@ -15,7 +15,7 @@ from pathlib import Path
 
 from core.settings import Settings
 from core.temporal import connect, venv_binary
-from workflows.inputs import SEARCH_ATTRIBUTES
+from workflows.contracts.common import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("relay.dev")
 _PR_SET_PDEATHSIG = 1
@@ -42,7 +42,8 @@ def command(settings: Settings) -> list[str]:
         "--ip", "127.0.0.1",
         "--port", str(settings.temporal_port),
         "--ui-port", str(settings.temporal_ui_port),
-        # WAL and synchronous=normal: about 3x the default throughput (DESIGN.md).
+        # WAL and synchronous=normal: SQLite syncs at checkpoints rather than at every commit, about 3x the
+        # default throughput for the dev server's many small writes.
         "--sqlite-pragma", "journal_mode=wal",
         "--sqlite-pragma", "synchronous=normal",
         "--log-level", "warn",

@@ -43,11 +43,13 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[Json]]) -> str:
                      for line in [list(headers), *cells])
 
 
-def _time(value: Json) -> str:
+def _time(value: Json, *, ms: bool = False) -> str:
+    """An instant in UTC, with its zone: ``2026-11-30 12:00:00Z`` (``ms``: ``12:00:00.123Z``)."""
     try:
-        return datetime.fromisoformat(str(value)).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+        instant = datetime.fromisoformat(str(value)).astimezone(UTC)
     except ValueError:
         return str(value)
+    return instant.strftime("%Y-%m-%d %H:%M:%S") + (f".{instant.microsecond // 1000:03d}" if ms else "") + "Z"
 
 
 def _app_fields(app: dict[str, Json]) -> list[tuple[str, Json]]:
@@ -83,14 +85,51 @@ def tokens_table(tokens: list[dict[str, Json]]) -> str:
 
 
 _AUDIT_HEADERS = ["TIME", "OPERATION", "STATUS", "SUBJECT", "TARGET", "SOURCE IP", "DETAILS"]
-_AUDIT_WIDTHS = [19, 22, 7, 16, 24, 15, 0]  # fixed, so --follow lines up with rows it has not seen yet
+# --follow prints each row as it comes, so its columns are fixed: wide enough for every operation Relay writes
+# (``executor.recovery.dispatched``), an app target (``application:`` and 30 characters) and a time with
+# milliseconds; a longer cell is cut with "…".
+_AUDIT_WIDTHS = [24, 28, 7, 16, 42, 15, 0]
+DETAILS_WIDTH = 100  # a summary; -o json prints the details whole
+
+
+def _audit_cells(entry: dict[str, Json]) -> list[str]:
+    return [_time(entry.get("emitTime"), ms=True), _cell(entry.get("operation")), _cell(entry.get("status")),
+            _cell(_who(entry.get("subject"))), _cell(_who(entry.get("target"))), _cell(entry.get("sourceIp") or None),
+            summarize(entry.get("details"))]
 
 
 def audit_line(entry: dict[str, Json] | None) -> str:
-    cells = _AUDIT_HEADERS if entry is None else [
-        _time(entry.get("emitTime")), entry.get("operation"), entry.get("status"), _who(entry.get("subject")),
-        _who(entry.get("target")), entry.get("sourceIp"), entry.get("details")]
-    return "  ".join(_cell(c).ljust(w) for c, w in zip(cells, _AUDIT_WIDTHS, strict=True)).rstrip()
+    """One row of ``relay audit --follow`` (the header for None), in the fixed columns above."""
+    cells = _AUDIT_HEADERS if entry is None else _audit_cells(entry)
+    return "  ".join(_fit(c, w) for c, w in zip(cells, _AUDIT_WIDTHS, strict=True)).rstrip()
+
+
+def _fit(cell: str, width: int) -> str:
+    if width and len(cell) > width:
+        return cell[:width - 1] + "…"
+    return cell.ljust(width)
+
+
+def summarize(details: Json, *, width: int = DETAILS_WIDTH) -> str:
+    """Audit details on one line: ``executorId`` first, then ``key=value`` in the API's order; a list of plain
+    values joined by commas, a nested object as ``{…}``; cut at ``width`` characters."""
+    if not isinstance(details, dict) or not details:
+        return _cell(details or None)
+    first = {k: details[k] for k in ("executorId",) if k in details}
+    parts = []
+    for key, value in {**first, **details}.items():
+        if isinstance(value, dict):
+            shown = "{…}" if value else "{}"
+        elif isinstance(value, list):
+            flat = value and not any(isinstance(v, dict | list) for v in value)
+            shown = ",".join(map(_cell, value)) if flat else "[…]" if value else "[]"
+        elif isinstance(value, str) and (not value or any(c.isspace() or c in "=\"" for c in value)):
+            shown = json.dumps(value, ensure_ascii=False)  # quoted, so each key=value stays one word
+        else:
+            shown = _cell(value)
+        parts.append(f"{key}={shown}")
+    text = " ".join(parts)
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _who(value: Json) -> Json:
@@ -102,4 +141,4 @@ def _who(value: Json) -> Json:
 
 def audit_table(entries: list[dict[str, Json]]) -> str:
     # The API lists newest first (what a script paging back wants); a person reads a log oldest first.
-    return "\n".join(map(audit_line, [None, *entries[::-1]]))
+    return table(_AUDIT_HEADERS, [_audit_cells(e) for e in entries[::-1]])

@@ -79,7 +79,7 @@ class OneLineActivityFailures(logging.Filter):
         return True
 
 
-# -- the Temporal SDK's logs (issue 10) ---------------------------------------------------------------------------
+# -- the Temporal SDK's logs ---------------------------------------------------------------------------------------
 
 CORE_LOGGER = "temporalio.core"  # where the SDK's Rust core logs are forwarded to (see install_temporal_sdk_logging)
 SUMMARY_LOGGER = "relay.sdk"

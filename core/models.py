@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event
 from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, SQLModel, create_engine
+
+from workflows.contracts.common import ExecutorStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -39,12 +40,6 @@ def utcnow() -> datetime:
 
 def new_id() -> str:
     return str(uuid.uuid4())
-
-
-class ExecutorStatus(StrEnum):
-    HEALTHY = "HEALTHY"
-    DISCONNECTED = "DISCONNECTED"
-    DEAD = "DEAD"
 
 
 DEFAULT_EXECUTOR_TIMEOUT = timedelta(seconds=60)
@@ -124,7 +119,7 @@ class AuditLog(SQLModel, table=True):
 
 
 class RetentionState(SQLModel, table=True):
-    """When each app's last retention round was started (issue 6). A table of its own rather than a column on
+    """When each app's last retention round was started. A table of its own rather than a column on
     ``Application``: ``create_all`` adds missing tables to an existing database, never missing columns."""
 
     org: str = Field(primary_key=True)

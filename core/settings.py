@@ -15,7 +15,7 @@ from core import units
 
 
 class Settings(BaseSettings):
-    """Every setting of DESIGN.md's Configuration section, with its default."""
+    """Every ``RELAY_*`` environment setting, with its default (the README's Configuration table lists them)."""
 
     model_config = SettingsConfigDict(env_prefix="RELAY_", extra="ignore")
 
@@ -48,7 +48,7 @@ class Settings(BaseSettings):
     allowed_origins: str = Field(default="", description="comma-separated; executors send no Origin at all")
     max_connections_per_key: int = Field(default=10_000, ge=1)
     handshakes_per_key_per_second: float = Field(default=100, gt=0)
-    # HTTP-level hardening (issue 10): a connection must send a complete request head this soon (partial heads
+    # HTTP-level hardening: a connection must send a complete request head this soon (partial heads
     # were held forever), and a REST request body may be at most this large (413 beyond; a 10 MB body was parsed).
     header_timeout_secs: float = Field(default=5, gt=0)
     max_request_body_bytes: int = Field(default=1024 * 1024, ge=1024)

@@ -7,11 +7,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import random
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -19,29 +18,24 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, and_, col, or_, select
 
+from core import candidates, units
 from core.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
 from core.models import (
     ApiKey,
     Application,
     AuditLog,
     Executor,
-    ExecutorStatus,
     RecoveryClaim,
     RetentionState,
     utcnow,
 )
+from workflows.contracts.common import ExecutorInfo, ExecutorStatus
 
 KEY_PREFIX = "dbos_"
-UNSET: Any = object()
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-def redact(key: str) -> str:
-    """What may appear of a key in logs and errors: its prefix only."""
-    return key[:9] + "…" if key.startswith(KEY_PREFIX) else "…"
 
 
 def unavailable(err: BaseException) -> bool:
@@ -113,14 +107,6 @@ class Store:
         with self.engine.connect() as c:
             return frozenset(c.execute(select(ApiKey.key_hash).where(col(ApiKey.revoked_at).is_(None))).scalars())
 
-    def authorize(self, key: str, org: str, app: str | None = None) -> Principal:
-        principal = self.authenticate(key)
-        if principal.org != org:
-            raise ForbiddenError(f"this key does not belong to org {org!r}")
-        if app is not None and not principal.allows(app):
-            raise ForbiddenError(f"this key is not allowed for app {app!r}")
-        return principal
-
     # -- applications --------------------------------------------------------------------------------------
 
     def get_app(self, org: str, name: str) -> Application:
@@ -159,7 +145,7 @@ class Store:
                 setattr(app, field, value)
             s.add(app)
             s.add(AuditLog(org=org, app=name, operation="app.updated", subject=subject, source_ip=source_ip,
-                           details={k: _jsonable(v) for k, v in changes.items()}))
+                           details=units.app_settings_to_rest(changes)))
             s.commit()
             s.refresh(app)
             return app
@@ -171,12 +157,8 @@ class Store:
             return list(s.exec(select(Executor).where(Executor.org == org, Executor.app == app)
                                .order_by(col(Executor.created_at))).all())
 
-    def get_executor(self, org: str, app: str, executor_id: str) -> Executor | None:
-        with Session(self.engine) as s:
-            return s.get(Executor, (org, app, executor_id))
-
     def record_status(self, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
-                      event_key: str, info: dict[str, Any] | None, connection_id: str | None,
+                      event_key: str, info: ExecutorInfo | None, connection_id: str | None,
                       gateway_queue: str | None, details: dict[str, Any]) -> list[str]:
         """Upsert the registry row and write its audit row, both at most once per ``event_key``. For a HEALTHY
         write, also returns the ids of the app's DEAD executors (each one's workflow may be waiting for a peer)."""
@@ -190,11 +172,11 @@ class Store:
                 row.status = status
                 row.updated_at = now
                 if info is not None:
-                    row.app_version = info.get("application_version") or ""
-                    row.hostname = info.get("hostname")
-                    row.language = info.get("language")
-                    row.dbos_version = info.get("dbos_version")
-                    row.executor_metadata = info.get("executor_metadata")
+                    row.app_version = info.application_version
+                    row.hostname = info.hostname
+                    row.language = info.language
+                    row.dbos_version = info.dbos_version
+                    row.executor_metadata = info.executor_metadata
                 if connection_id is not None:
                     row.connection_id = connection_id
                     row.gateway_queue = gateway_queue
@@ -226,27 +208,19 @@ class Store:
                          dead_executor_id: str = "") -> tuple[Executor, bool] | None:
         """Claim a HEALTHY peer for ``dead_executor_id``'s recovery: ``(peer, cross_version)``, or None.
 
-        Same org, app and version first; other versions only if the app allows cross-version recovery. Among
-        those, the peer with the fewest recoveries in flight, so a crowd of dead executors spreads evenly.
+        The choice is ``candidates.select_candidate``'s; this loads what it reads and records the claim.
         """
         with Session(self.engine) as s:
-            healthy = list(s.exec(select(Executor).where(
-                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.HEALTHY,
-                col(Executor.gateway_queue).is_not(None), col(Executor.executor_id).not_in(exclude),
-            )).all())
-            rows = [r for r in healthy if r.app_version == app_version]
-            cross = False
-            if not rows and healthy:
-                application = s.exec(select(Application).where(Application.org == org,
-                                                               Application.name == app)).first()
-                if application is not None and application.cross_version_recovery:
-                    rows, cross = healthy, True
-            if not rows:
-                return None
+            application = s.exec(select(Application).where(Application.org == org, Application.name == app)).first()
             claims = s.exec(select(RecoveryClaim).where(RecoveryClaim.org == org, RecoveryClaim.app == app)).all()
-            load = Counter(c.candidate_id for c in claims if c.dead_executor_id != dead_executor_id)
-            least = min(load[r.executor_id] for r in rows)
-            row = random.choice([r for r in rows if load[r.executor_id] == least])
+            found = candidates.select_candidate(
+                _routable(s, org, app), app_version=app_version, exclude=exclude,
+                cross_version_allowed=application is not None and application.cross_version_recovery,
+                claims={c.dead_executor_id: c.candidate_id for c in claims}, dead_executor_id=dead_executor_id,
+            )
+            if found is None:
+                return None
+            row, cross = found
             if dead_executor_id:
                 s.merge(RecoveryClaim(org=org, app=app, dead_executor_id=dead_executor_id,
                                       candidate_id=row.executor_id, claimed_at=utcnow()))
@@ -293,7 +267,7 @@ class Store:
                 q = q.where(AuditLog.app == app)
             return list(s.exec(q.order_by(col(AuditLog.emit_time).desc()).limit(limit)).all())
 
-    # -- retention (issue 6) -------------------------------------------------------------------------------
+    # -- retention -----------------------------------------------------------------------------------------
 
     def list_retention_targets(self, org: str | None = None,
                                app: str | None = None) -> list[tuple[Application, datetime | None]]:
@@ -317,23 +291,12 @@ class Store:
         return [(app, None if state is None else state.last_started_at) for app, state in rows]
 
     def select_retention_executor(self, *, org: str, app: str, exclude: list[str]) -> tuple[str, str] | None:
-        """A HEALTHY executor of the app, newest application version first: ``(executor_id, gateway_queue)``.
-
-        Version strings are opaque (often a hash), so the newest version is the one whose most recent executor
-        registered last; within a version, the executor registered last goes first.
-        """
+        """The executor to run the app's retention round (``candidates.select_retention_executor``, newest
+        application version first): ``(executor_id, gateway_queue)``, or None."""
         with Session(self.engine) as s:
-            rows = s.exec(select(Executor).where(
-                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.HEALTHY,
-                col(Executor.gateway_queue).is_not(None),
-            )).all()
-        newest: dict[str, datetime] = {}
-        for row in rows:  # ranked over every HEALTHY executor, so excluding one does not demote its version
-            newest[row.app_version] = max(row.created_at, newest.get(row.app_version, row.created_at))
-        left = [row for row in rows if row.executor_id not in exclude]
-        if not left:
+            best = candidates.select_retention_executor(_routable(s, org, app), exclude=exclude)
+        if best is None:
             return None
-        best = max(left, key=lambda r: (newest[r.app_version], r.created_at, r.executor_id))
         assert best.gateway_queue is not None
         return best.executor_id, best.gateway_queue
 
@@ -359,7 +322,7 @@ class Store:
             except IntegrityError:
                 s.rollback()  # the same event_key, written concurrently by an earlier try of this activity
 
-    # -- admin API (issue 3) -------------------------------------------------------------------------------
+    # -- admin API -----------------------------------------------------------------------------------------
 
     def org_exists(self, org: str) -> bool:
         """An org exists once a key was issued for it (apps are only ever registered with a key of theirs)."""
@@ -495,13 +458,15 @@ class Store:
         return rows, names
 
 
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, timedelta):
-        return value.total_seconds()
-    return value
+def _routable(s: Session, org: str, app: str) -> list[Executor]:
+    """The app's HEALTHY executors whose gateway is known, so a request can be routed to their socket."""
+    return list(s.exec(select(Executor).where(
+        Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.HEALTHY,
+        col(Executor.gateway_queue).is_not(None),
+    )).all())
 
 
-# -- admin API (issue 3) -------------------------------------------------------------------------------------
+# -- admin API ----------------------------------------------------------------------------------------------
 
 # Audit subjects are stored as "system" or "api_key:<key id>" (older rows: "key:<key name>").
 API_KEY_SUBJECT = "api_key:"

@@ -20,7 +20,7 @@ from temporalio.converter import (
 
 # The SDK builds a payload converter for every workflow run, inside the sandbox; with the stock pydantic
 # converter each run then builds its own TypeAdapters (a tenth of the worker's CPU in a connect storm). One
-# cache for the process: the types (workflows.inputs) are passed through the sandbox, so they are the same objects.
+# cache for the process: the types (workflows.contracts) are passed through the sandbox, so they are the same objects.
 _type_adapter = functools.lru_cache(maxsize=1024)(TypeAdapter)
 
 

@@ -6,7 +6,9 @@ Seconds and milliseconds exist only at the REST schema and the wire message; a m
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 
 def seconds_to_timedelta(seconds: float) -> timedelta:
@@ -46,3 +48,40 @@ def datetime_to_epoch_ms(value: datetime) -> int:
 
 def epoch_ms_to_datetime(ms: int) -> datetime:
     return datetime(1970, 1, 1, tzinfo=UTC) + ms_to_timedelta(ms)
+
+
+def rest_duration(name: str, value: timedelta | None) -> int | None:
+    """A duration as the REST field ``name`` carries it: whole seconds for a name ending in ``Secs``
+    (``executorTimeoutSecs``), milliseconds for one ending in ``Ms`` (``gcTimeThresholdMs``)."""
+    if name.endswith("Secs"):
+        return None if value is None else timedelta_to_seconds(value)
+    if name.endswith("Ms"):
+        return optional_timedelta_to_ms(value)
+    raise ValueError(f"{name!r} states no unit: a REST duration's name ends in Secs or Ms")
+
+
+def rest_durations(durations: Mapping[str, timedelta | None]) -> dict[str, int | None]:
+    """Durations keyed by their REST names, each in the unit its name states: what an audit row's details carry."""
+    return {name: rest_duration(name, value) for name, value in durations.items()}
+
+
+# An application's settings: storage field -> REST field. The durations among them are converted by the unit
+# their REST name states.
+APP_SETTING_REST_NAMES = {
+    "executor_timeout": "executorTimeoutSecs",
+    "gc_time_threshold": "gcTimeThresholdMs",
+    "gc_rows_threshold": "gcRowsThreshold",
+    "global_timeout": "globalTimeoutMs",
+    "private_mode": "privateMode",
+    "cross_version_recovery": "crossVersionRecovery",
+}
+
+
+def app_settings_to_rest(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """App settings under their storage names (durations as ``timedelta``) -> their REST names and units, as the
+    audit log records them. A setting with no REST name is a ``KeyError``: name it above first."""
+    out: dict[str, Any] = {}
+    for field, value in settings.items():
+        name = APP_SETTING_REST_NAMES[field]
+        out[name] = rest_duration(name, value) if isinstance(value, timedelta) else value
+    return out

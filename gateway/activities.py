@@ -15,18 +15,10 @@ from core import wire
 from core.errors import RelayError
 from gateway.hub import Hub
 from gateway.session import Reply
-from workflows.inputs import (
-    Activity,
-    DispatchRecoveryInput,
-    DispatchRetentionInput,
-    ExistPendingInput,
-    ExistPendingReply,
-    HoldGatewayInput,
-    ProbeGatewayInput,
-    ProbeGatewayReply,
-    RecoveryReply,
-    RetentionReply,
-)
+from workflows.contracts.common import Activity
+from workflows.contracts.gateway_watch import HoldGatewayInput, ProbeGatewayInput, ProbeGatewayReply
+from workflows.contracts.lifecycle import DispatchRecoveryInput, ExistPendingInput, ExistPendingReply, RecoveryReply
+from workflows.contracts.retention import DispatchRetentionInput, RetentionReply
 
 HEARTBEAT_EVERY = timedelta(seconds=2)
 

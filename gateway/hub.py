@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from core.errors import ExecutorTimeoutError, ExecutorUnavailableError
 from gateway import session as sm
-from workflows.inputs import ConnectedSignal
+from workflows.contracts.common import ConnectedSignal
 
 Send = Callable[[str], Awaitable[None]]
 Close = Callable[[int, str], Awaitable[None]]

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from core import wire
 from core.errors import IdentityError
-from workflows.inputs import lifecycle_workflow_id
+from workflows.contracts.common import lifecycle_workflow_id
 
 # Temporal's default limits (dynamic config ``limit.maxIDLength`` and ``limit.searchAttributesSizeOfValue``):
 # the lifecycle workflow id is relay-executor/{org}/{app}/{executor_id}, and the executor id and the application

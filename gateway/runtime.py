@@ -22,24 +22,24 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from core.models import ExecutorStatus
 from core.settings import Settings
 from core.store import Store
 from gateway.activities import HubActivities
 from gateway.admission import Admission
 from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection, Hub
-from workflows.gateway import GatewayWorkflow
-from workflows.inputs import (
+from workflows.contracts.common import (
     GATEWAY_TASK_QUEUE_PREFIX,
     SHARED_TASK_QUEUE,
     ConnectedSignal,
     DisconnectedSignal,
-    GatewayInput,
-    LifecycleInput,
+    ExecutorStatus,
     gateway_workflow_id,
     lifecycle_workflow_id,
 )
+from workflows.contracts.gateway_watch import GatewayInput
+from workflows.contracts.lifecycle import LifecycleInput
+from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 log = logging.getLogger("relay.gateway")

@@ -48,7 +48,7 @@ from gateway.http_limits import BeforeUpgrade, raw_problem
 from gateway.hub import SUPERSEDED_CLOSE_CODE, Connection
 from gateway.liveness import LivenessProtocol
 from gateway.runtime import Gateway
-from workflows.inputs import ConnectedSignal, ExecutorInfo
+from workflows.contracts.common import ConnectedSignal, ExecutorInfo
 
 log = logging.getLogger("relay.gateway")
 _PATH = re.compile(r"/websocket/([^/?]*)/([^/?]*)")

@@ -1,11 +1,11 @@
-"""Fault injection for the outage tests (issue 10), and the checker of the invariants a run must keep.
+"""Fault injection for the outage tests, and the checker of the invariants a run must keep.
 
 - ``TcpProxy``: a TCP proxy in a background thread that can be cut (connections reset and new ones refused, or
   blackholed: held open with every byte dropped) and restored. ``LoadBalancer``: the same with several backends,
   one picked round-robin per new connection, any of them markable down.
 - ``freeze`` / ``thaw`` / ``frozen``: SIGSTOP and SIGCONT by PID (a process that is there but answers nothing).
 - ``RunHistory`` / ``violations`` / ``wait_for_invariants``: what Relay did during a run (audit rows, registry,
-  recovery requests the peers received, running gateway watches) checked against issue 10's rules: no executor
+  recovery requests the peers received, running gateway watches) checked against Relay's rules under faults: no executor
   with a live socket is ever DEAD or named in a recovery request; each that left for good is recovered exactly
   once; the registry ends equal to reality; one watch per live gateway.
 """
@@ -399,7 +399,7 @@ def _registry_is_reality(run: RunHistory) -> Iterator[Violation]:
 def _one_watch(run: RunHistory) -> Iterator[Violation]:
     rule = "one running watch per live gateway"
     if run.live_gateway_queues is not None:
-        from workflows.inputs import gateway_workflow_id
+        from workflows.contracts.common import gateway_workflow_id
 
         expected = sorted(gateway_workflow_id(q) for q in run.live_gateway_queues)
         if sorted(run.watches) != expected:
@@ -500,5 +500,5 @@ def report(run: RunHistory, broken: list[Violation]) -> str:
 
 
 def _brief(details: dict[str, object]) -> str:
-    keep = ("candidate", "attempt", "reason", "previous_status", "grace_seconds", "recovered_by", "connection_id")
+    keep = ("candidate", "attempt", "reason", "previous_status", "executorTimeoutSecs", "recovered_by", "connection_id")
     return ", ".join(f"{k}={str(details[k])[:60]}" for k in keep if k in details)

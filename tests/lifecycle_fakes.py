@@ -22,28 +22,29 @@ from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import assert_eventually
-from workflows.inputs import (
+from workflows.contracts.common import (
     Activity,
     Candidate,
     ConnectedSignal,
-    DeleteExecutorInput,
     DisconnectedSignal,
-    DispatchRecoveryInput,
     ExecutorInfo,
+    lifecycle_workflow_id,
+)
+from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
+from workflows.contracts.lifecycle import (
+    DeleteExecutorInput,
+    DispatchRecoveryInput,
     ExistPendingInput,
     ExistPendingReply,
     GetExecutorTimeoutInput,
     LifecycleInput,
     LifecycleResult,
     LifecycleState,
-    ProbeGatewayInput,
-    ProbeGatewayReply,
     RecordStatusInput,
     RecoveryReply,
     RemovedSignal,
     SelectCandidateInput,
     WriteAuditInput,
-    lifecycle_workflow_id,
 )
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 

@@ -203,7 +203,7 @@ def start_temporal(data_dir: Path, *extra: str) -> tuple[Process, str]:
     return process, f"127.0.0.1:{port}"
 
 
-# -- issue 5 (recovery under faults): real executors, raw peers, the audit trail with its details ---------------
+# -- recovery under faults: real executors, raw peers, the audit trail with its details ---------------
 
 EXECUTOR_APP = Path(__file__).with_name("executor_app.py")
 
@@ -375,7 +375,7 @@ def lifecycle_state(temporal_address: str, app: str, executor_id: str, *, org: s
     import asyncio
 
     from core.temporal import connect as temporal_connect
-    from workflows.inputs import lifecycle_workflow_id
+    from workflows.contracts.common import lifecycle_workflow_id
     from workflows.lifecycle import ExecutorLifecycleWorkflow
 
     async def query() -> object:

@@ -18,7 +18,7 @@ from temporalio.exceptions import ActivityError, CancelledError, TimeoutType
 from temporalio.exceptions import TimeoutError as ActivityTimeoutError
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.inputs import Activity, ProbeGatewayInput, ProbeGatewayReply
+    from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply, probe_gateway
 
 GONE = (TimeoutType.SCHEDULE_TO_START, TimeoutType.START_TO_CLOSE)
 # Pause between probes when one was picked up but failed (the gateway died mid-probe): the next one tells.
@@ -33,13 +33,11 @@ async def probe(gateway_queue: str, input: ProbeGatewayInput, *, timeout: timede
     by the time it counts as gone it holds no socket. Any other failure (the task failed) is asked again."""
     while True:
         try:
-            reply: ProbeGatewayReply = await workflow.execute_activity(
-                Activity.PROBE_GATEWAY, input, result_type=ProbeGatewayReply, task_queue=gateway_queue,
-                retry_policy=RetryPolicy(maximum_attempts=1),
+            return await workflow.execute_activity(
+                probe_gateway, input, task_queue=gateway_queue, retry_policy=RetryPolicy(maximum_attempts=1),
                 schedule_to_start_timeout=timeout, start_to_close_timeout=timeout,
                 summary=f"probe {gateway_queue}" + (f" for {input.executor_id}" if input.executor_id else ""),
             )
-            return reply
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
@@ -26,30 +26,32 @@ from workflows.timing import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.inputs import (
-        Activity,
-        Candidate,
-        ConnectedSignal,
+    from workflows.contracts.common import Candidate, ConnectedSignal, DisconnectedSignal, ExecutorStatus
+    from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
+    from workflows.contracts.lifecycle import (
+        NEW,
         DeleteExecutorInput,
-        DisconnectedSignal,
         DispatchRecoveryInput,
         ExistPendingInput,
-        ExistPendingReply,
         GetExecutorTimeoutInput,
         LifecycleInput,
         LifecycleResult,
         LifecycleState,
         PeerAvailableSignal,
-        ProbeGatewayInput,
-        ProbeGatewayReply,
         RecordStatusInput,
-        RecoveryReply,
         RemovedSignal,
         SelectCandidateInput,
         WriteAuditInput,
+        delete_executor,
+        dispatch_recovery,
+        exist_pending_workflows,
+        get_executor_timeout,
+        record_status,
+        select_candidate,
+        write_audit,
     )
 
-HEALTHY, DISCONNECTED, DEAD, NEW = "HEALTHY", "DISCONNECTED", "DEAD", "NEW"
+A = TypeVar("A")
 T = TypeVar("T")
 
 RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
@@ -151,7 +153,7 @@ class ExecutorLifecycleWorkflow:
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(self._next_input(self._state))
                 target = self._state.connection or self._state.unrecorded
-                if self._state.status == DEAD and not self._state.revived:
+                if self._state.status == ExecutorStatus.DEAD and not self._state.revived:
                     # Recovery, or a run continued-as-new during recovery.
                     result = await self._recover_and_finish()
                     if result is not None:
@@ -164,7 +166,7 @@ class ExecutorLifecycleWorkflow:
                 elif await self._grace_expired():
                     if workflow.patched(FENCE_PATCH) and not await self._confirm_gone():
                         continue
-                    await self._record(DEAD, "executor.dead", details={})
+                    await self._record(ExecutorStatus.DEAD, "executor.dead", details={})
                     result = await self._recover_and_finish()
                     if result is not None:
                         return result
@@ -172,15 +174,15 @@ class ExecutorLifecycleWorkflow:
             return await self._remove()
 
     def _unrecorded(self, conn: ConnectedSignal) -> bool:
-        return self._state.status != HEALTHY or conn.connection_id != self._state.recorded_connection_id
+        return self._state.status != ExecutorStatus.HEALTHY or conn.connection_id != self._state.recorded_connection_id
 
     def _needs_action(self) -> bool:
         state = self._state
         target = state.connection or state.unrecorded
-        if state.status == DEAD or (target is not None and self._unrecorded(target)):
+        if state.status == ExecutorStatus.DEAD or (target is not None and self._unrecorded(target)):
             return True
         # HEALTHY with no connection: a grace to start. DISCONNECTED: a grace to resume after continue-as-new.
-        return state.connection is None and state.status in (HEALTHY, DISCONNECTED)
+        return state.connection is None and state.status in (ExecutorStatus.HEALTHY, ExecutorStatus.DISCONNECTED)
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -202,7 +204,7 @@ class ExecutorLifecycleWorkflow:
         reason = self._removed.reason if self._removed else "app deleted"
         i = self._input
         await self._db(
-            Activity.DELETE_EXECUTOR,
+            delete_executor,
             DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("removed"),
                                 details={"reason": reason, "status": self._state.status}),
         )
@@ -213,15 +215,16 @@ class ExecutorLifecycleWorkflow:
 
     def _next_input(self, state: LifecycleState) -> LifecycleInput:
         i = self._input
-        return LifecycleInput(i.org, i.app, i.executor_id, state=state, recovery_timeout=i.recovery_timeout)
+        return LifecycleInput(i.org, i.app, i.executor_id, state=state, recovery_timeout=i.recovery_timeout,
+                              probe_timeout=i.probe_timeout)
 
     async def _record_healthy(self, conn: ConnectedSignal) -> None:
         state = self._state
-        operation = {NEW: "executor.healthy", HEALTHY: "executor.superseded"}.get(
+        operation = {NEW: "executor.healthy", ExecutorStatus.HEALTHY: "executor.superseded"}.get(
             state.status, "executor.reconnected"
         )
         await self._record(
-            HEALTHY,
+            ExecutorStatus.HEALTHY,
             operation,
             conn=conn,
             details={"connection_id": conn.connection_id, "previous_status": state.status,
@@ -239,19 +242,16 @@ class ExecutorLifecycleWorkflow:
     async def _grace_expired(self) -> bool:
         """Record DISCONNECTED (once) and wait out the app's grace; True when no reconnect came in time."""
         state = self._state
-        if state.status != DISCONNECTED or state.grace_deadline is None:
-            grace: timedelta | None = await self._db(
-                Activity.GET_EXECUTOR_TIMEOUT,
-                GetExecutorTimeoutInput(self._input.org, self._input.app),
-                result_type=timedelta | None,
-            )
+        if state.status != ExecutorStatus.DISCONNECTED or state.grace_deadline is None:
+            grace = await self._db(get_executor_timeout, GetExecutorTimeoutInput(self._input.org, self._input.app))
             if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover
                 self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
                 raise _Removed()
             await self._record(
-                DISCONNECTED,
+                ExecutorStatus.DISCONNECTED,
                 "executor.disconnected",
-                details={"connection_id": state.recorded_connection_id, "grace_seconds": grace.total_seconds()},
+                details={"connection_id": state.recorded_connection_id},
+                durations={"executorTimeoutSecs": grace},
             )
             state.grace_deadline = workflow.now() + grace
             state.grace = grace
@@ -297,7 +297,7 @@ class ExecutorLifecycleWorkflow:
             state.grace_deadline = regained + state.grace
             await self._audit("executor.grace.extended", "success", {
                 "gateway_queue": state.gateway_queue, "contact_regained_at": regained.isoformat(),
-                "grace_ends": state.grace_deadline.isoformat(), "grace_seconds": state.grace.total_seconds()})
+                "grace_ends": state.grace_deadline.isoformat()}, durations={"executorTimeoutSecs": state.grace})
             self._describe("")
             return False
         return True
@@ -358,11 +358,10 @@ class ExecutorLifecycleWorkflow:
             if fenced and self._state.connection is not None and not await self._still_gone():
                 return None  # it came back before any request went out (a wait for a peer, or a backoff)
             self._peer_hint = False
-            candidate: Candidate | None = await self._db(
-                Activity.SELECT_CANDIDATE,
+            candidate = await self._db(
+                select_candidate,
                 SelectCandidateInput(i.org, i.app, version, exclude=[i.executor_id, *failed],
                                      dead_executor_id=i.executor_id),
-                result_type=Candidate | None,
             )
             if candidate is None and failed:
                 failed.clear()  # every peer failed once: try them all again after the backoff
@@ -398,7 +397,7 @@ class ExecutorLifecycleWorkflow:
             if error is None:
                 await self._audit("executor.recovery.succeeded", "success", details)
                 await self._db(
-                    Activity.DELETE_EXECUTOR,
+                    delete_executor,
                     DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("deleted"),
                                         details={"recovered_by": candidate.executor_id}),
                 )
@@ -414,22 +413,22 @@ class ExecutorLifecycleWorkflow:
         # Relay's own loop retries, on another peer; each socket-bound activity runs once.
         once = RetryPolicy(maximum_attempts=1)
         try:
-            reply: RecoveryReply = await workflow.execute_activity(
-                Activity.DISPATCH_RECOVERY,
+            reply = await workflow.execute_activity(
+                dispatch_recovery,
                 DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
                                       org=i.org, app=i.app),
-                result_type=RecoveryReply, task_queue=candidate.gateway_queue, retry_policy=once,
+                task_queue=candidate.gateway_queue, retry_policy=once,
                 schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
                 heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
                 summary=f"recovery via {candidate.executor_id} attempt {attempt}",
             )
             if not reply.success:
                 return f"recovery answered success=false: {reply.error_message}"
-            confirm: ExistPendingReply = await workflow.execute_activity(
-                Activity.EXIST_PENDING_WORKFLOWS,
+            confirm = await workflow.execute_activity(
+                exist_pending_workflows,
                 ExistPendingInput(candidate.executor_id, i.executor_id, self._version(),
                                   request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app),
-                result_type=ExistPendingReply, task_queue=candidate.gateway_queue, retry_policy=once,
+                task_queue=candidate.gateway_queue, retry_policy=once,
                 schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
                 heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
                 summary=f"confirm recovery via {candidate.executor_id}",
@@ -447,17 +446,18 @@ class ExecutorLifecycleWorkflow:
     def _version(self) -> str:
         return self._state.app_version
 
-    async def _record(self, status: str, operation: str, *, conn: ConnectedSignal | None = None,
-                      details: dict[str, object]) -> None:
+    async def _record(self, status: ExecutorStatus, operation: str, *, conn: ConnectedSignal | None = None,
+                      details: dict[str, object], durations: dict[str, timedelta] | None = None) -> None:
         i = self._input
         await self._db(
-            Activity.RECORD_STATUS,
+            record_status,
             RecordStatusInput(
                 i.org, i.app, i.executor_id, status, operation, event_key=self._event_key(operation),
                 info=conn.info if conn else None,
                 connection_id=conn.connection_id if conn else None,
                 gateway_queue=conn.gateway_queue if conn else None,
                 details=dict(details),
+                durations=dict(durations or {}),
             ),
         )
         self._state.status = status
@@ -465,31 +465,30 @@ class ExecutorLifecycleWorkflow:
         self._describe("")
         if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
-            workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status)])
+            workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status.value)])
 
-    async def _audit(self, operation: str, status: str, details: dict[str, object]) -> None:
+    async def _audit(self, operation: str, status: str, details: dict[str, object], *,
+                     durations: dict[str, timedelta] | None = None) -> None:
         i = self._input
         await self._db(
-            Activity.WRITE_AUDIT,
+            write_audit,
             WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation), status,
-                            dict(details)),
+                            dict(details), dict(durations or {})),
         )
 
-    async def _db(self, activity: str, arg: object, *, result_type: Any = None) -> Any:
+    async def _db(self, activity: Callable[[A], Awaitable[T]], arg: A) -> T:
         """A database activity (registry, audit, candidate selection): local since ``LOCAL_DB_PATCH``."""
         if workflow.patched(LOCAL_DB_PATCH):
-            return await workflow.execute_local_activity(activity, arg, result_type=result_type,
-                                                         start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+            return await workflow.execute_local_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
                                                          retry_policy=DB_RETRY)
-        return await workflow.execute_activity(activity, arg, result_type=result_type,
-                                               start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
+        return await workflow.execute_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
 
     def _describe(self, note: str) -> None:
         """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""
         state = self._state
         lines = [f"**{state.status}** — executor `{self._input.executor_id}` of "
                  f"`{self._input.org}/{self._input.app}`, version `{state.app_version}`"]
-        if state.status == DISCONNECTED and state.grace_deadline is not None:
+        if state.status == ExecutorStatus.DISCONNECTED and state.grace_deadline is not None:
             lines.append(f"grace ends {state.grace_deadline.isoformat()}")
         if note:
             lines.append(note)

@@ -28,21 +28,23 @@ from workflows.timing import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.inputs import (
-        Activity,
+    from workflows.contracts.common import Candidate
+    from workflows.contracts.retention import (
         AppRetentionInput,
         AppRetentionResult,
-        Candidate,
         DispatchRetentionInput,
         ListRetentionTargetsInput,
         RetentionCutoffs,
         RetentionInput,
-        RetentionReply,
         RetentionRoundResult,
         RetentionTarget,
         SelectRetentionExecutorInput,
         WriteRetentionAuditInput,
         app_retention_workflow_id,
+        dispatch_retention,
+        list_retention_targets,
+        select_retention_executor,
+        write_retention_audit,
     )
 
 SUCCEEDED, SKIPPED, NOTHING_SET = "SUCCEEDED", "SKIPPED", "NOTHING_SET"
@@ -105,10 +107,9 @@ class RetentionWorkflow:
     @workflow.run
     async def run(self, input: RetentionInput) -> RetentionRoundResult:
         self._clock = workflow.now()
-        targets: list[RetentionTarget] = await workflow.execute_activity(
-            Activity.LIST_RETENTION_TARGETS,
+        targets = await workflow.execute_activity(
+            list_retention_targets,
             ListRetentionTargetsInput(),
-            result_type=list[RetentionTarget],
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
         )
         due = [t for t in targets if has_retention(t)]
@@ -152,10 +153,9 @@ class AppRetentionWorkflow:
         self._clock = workflow.now()  # the one instant every cutoff of this round is computed from
         # Read again rather than trusting the round's list: the app's previous round may have ended (and recorded
         # its start) in between, and its settings may have changed or the app been deleted.
-        fresh: list[RetentionTarget] = await workflow.execute_activity(
-            Activity.LIST_RETENTION_TARGETS,
+        fresh = await workflow.execute_activity(
+            list_retention_targets,
             ListRetentionTargetsInput(org=input.target.org, app=input.target.app),
-            result_type=list[RetentionTarget],
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
         )
         if not fresh:
@@ -177,10 +177,9 @@ class AppRetentionWorkflow:
         attempt = 0
         backoff = BACKOFF_INITIAL
         while True:
-            candidate: Candidate | None = await workflow.execute_activity(
-                Activity.SELECT_RETENTION_EXECUTOR,
+            candidate = await workflow.execute_activity(
+                select_retention_executor,
                 SelectRetentionExecutorInput(t.org, t.app, exclude=list(failed)),
-                result_type=Candidate | None,  # type: ignore[arg-type]
                 start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
             )
             if candidate is None and not failed:
@@ -209,11 +208,10 @@ class AppRetentionWorkflow:
         """One ``retention`` request through the candidate's gateway. Returns the failure reason, or None."""
         timeout = self._input.reply_timeout
         try:
-            reply: RetentionReply = await workflow.execute_activity(
-                Activity.DISPATCH_RETENTION,
+            reply = await workflow.execute_activity(
+                dispatch_retention,
                 DispatchRetentionInput(candidate.executor_id, request_id, self._cutoffs, timeout,
                                        org=self._target.org, app=self._target.app),
-                result_type=RetentionReply,
                 task_queue=candidate.gateway_queue,
                 schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
                 start_to_close_timeout=timeout + timedelta(seconds=5),
@@ -241,7 +239,7 @@ class AppRetentionWorkflow:
 
 
 async def _audit(input: WriteRetentionAuditInput) -> None:
-    await workflow.execute_activity(Activity.WRITE_RETENTION_AUDIT, input, start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
+    await workflow.execute_activity(write_retention_audit, input, start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
 
 
 def _event_key(operation: str) -> str:

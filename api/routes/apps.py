@@ -26,7 +26,8 @@ from core.errors import TemporalUnavailableError
 from core.store import Store, subject_of
 from gateway import revocation
 from gateway.runtime import Gateway
-from workflows.inputs import RemovedSignal, lifecycle_workflow_id
+from workflows.contracts.common import ExecutorStatus, lifecycle_workflow_id
+from workflows.contracts.lifecycle import RemovedSignal
 
 log = logging.getLogger("relay.gateway")
 
@@ -44,7 +45,7 @@ APP_ERRORS = responses(401, 403, 404, 422)
 
 
 def _public(app: models.Application, executors: list[models.Executor]) -> Application:
-    available = any(e.status == models.ExecutorStatus.HEALTHY for e in executors)
+    available = any(e.status == ExecutorStatus.HEALTHY for e in executors)
     language = next((e.language for e in reversed(executors) if e.language), None)
     return Application.of(app, available=available, language=language)
 

@@ -6,23 +6,19 @@ org: org isolation holds here too."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
-from api.deps import Credentials
+from api.deps import Credentials, GatewayDep, StoreDep
 from core.errors import AuthError
-from core.store import Store
-from gateway.runtime import Gateway
 
 router = APIRouter(tags=["Health"])
 
 
 @router.get("/metrics", operation_id="metrics", summary="Prometheus metrics", response_class=PlainTextResponse,
             include_in_schema=False)
-async def metrics(request: Request, credentials: Credentials) -> PlainTextResponse:
-    store: Store = request.app.state.store
-    gateway: Gateway = request.app.state.gateway
+async def metrics(credentials: Credentials, store: StoreDep, gateway: GatewayDep) -> PlainTextResponse:
     if credentials is None:
         raise AuthError("missing bearer token")
     principal = await run_in_threadpool(store.authenticate, credentials.credentials)

@@ -1,4 +1,4 @@
-"""Wrong-key flood (issue 10): a good executor's handshake latency with the gateway idle and while hundreds of
+"""Wrong-key flood: a good executor's handshake latency with the gateway idle and while hundreds of
 sockets with wrong keys retry, and how many log lines the gateway writes meanwhile.
 
 One Relay stack (embedded Temporal dev server, `relay worker`, `relay gateway`), and the flood in a process of

@@ -35,7 +35,7 @@ from core.temporal import data_converter, venv_binary
 from tests.histories.scenarios import SCENARIOS, Lifecycle, Scenario, ScenarioError, check, gateway_watch
 from tests.lifecycle_fakes import FakeRelay, Relay
 from workflows import lifecycle
-from workflows.inputs import SEARCH_ATTRIBUTES
+from workflows.contracts.common import SEARCH_ATTRIBUTES
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 HISTORIES = Path(__file__).parent

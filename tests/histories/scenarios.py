@@ -31,22 +31,23 @@ from tests.lifecycle_fakes import (
     FakeRelay,
     Relay,
 )
-from workflows.gateway import GatewayWorkflow
-from workflows.inputs import (
-    Activity,
+from workflows.contracts.common import Activity, gateway_workflow_id
+from workflows.contracts.gateway_watch import (
     DisconnectGatewayInput,
     DisconnectGatewayResult,
-    ExistPendingReply,
     GatewayInput,
     HoldGatewayInput,
+    ProbeGatewayInput,
+    ProbeGatewayReply,
+)
+from workflows.contracts.lifecycle import (
+    ExistPendingReply,
     LifecycleInput,
     LifecycleResult,
     PeerAvailableSignal,
-    ProbeGatewayInput,
-    ProbeGatewayReply,
     RecoveryReply,
-    gateway_workflow_id,
 )
+from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import BLOCKED_RECHECK, ExecutorLifecycleWorkflow
 
 LOWERED_SIGNAL_BUDGET = 3

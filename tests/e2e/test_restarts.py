@@ -1,0 +1,362 @@
+"""Relay restarts mid-grace, with real processes: a Temporal dev server, `relay worker` and
+`relay gateway`, each run on its own so each can be SIGKILLed alone and started again on the same data
+directory and ports. Whatever dies, the dead executor's grace timer fires at its original time (or at once if
+that passed while nothing could fire it), it is recovered exactly once (one ``executor.recovery.succeeded``,
+one ``executor.deleted``), and an executor that reconnected in the meantime is not recovered."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from temporalio.api.enums.v1 import EventType
+
+from cli.devserver import command
+from core.settings import Settings
+from core.temporal import connect
+from tests.support import (
+    VENV_BIN,
+    AuditRow,
+    Process,
+    RawPeer,
+    audit_rows,
+    dbos_executor,
+    free_port,
+    healthy,
+    registry,
+    relay_env,
+    wait_recorded,
+    wait_until,
+    workflow_status,
+)
+from workflows.contracts.common import lifecycle_workflow_id
+
+pytestmark = pytest.mark.e2e
+HEARTBEAT_TIMEOUT_SECS = 2  # a SIGKILLed gateway's executors are disconnected this long after its last heartbeat
+# What a restart may add to a timer that fires at its original time: the registry and audit writes around it.
+ON_TIME_SLACK = 2.0
+# When the gateway that held the executor was killed, the fence's probe to it goes unanswered: it counts as gone
+# only at the probe's schedule-to-start timeout (the heartbeat timeout), so DEAD comes that much later.
+DEAD_GATEWAY_SLACK = ON_TIME_SLACK + HEARTBEAT_TIMEOUT_SECS
+# The executor that comes back runs another version, so it is never the peer chosen to recover the dead one.
+OTHER_VERSION = "v2"
+RECOVERY_OPS = ("executor.dead", "executor.recovery.dispatched", "executor.recovery.failed",
+                "executor.recovery.succeeded", "executor.deleted")
+
+
+class Cluster:
+    """Temporal, worker and gateway as three processes sharing one data dir; each can be killed and restarted
+    on the same ports (Temporal's SQLite file and Relay's database persist in the data dir)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self.temporal_settings = Settings(data_dir=data_dir, temporal_port=free_port(),
+                                          temporal_ui_port=free_port())
+        self.address = f"127.0.0.1:{self.temporal_settings.temporal_port}"
+        self.env = relay_env(data_dir, RELAY_TEMPORAL_ADDRESS=self.address,
+                             RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT_SECS),
+                             RELAY_RECOVERY_TIMEOUT_SECS="5")
+        self.url = f"http://127.0.0.1:{self.env['RELAY_PORT']}"
+        self.ws_url = f"ws://127.0.0.1:{self.env['RELAY_PORT']}/"
+        self.processes: dict[str, Process] = {}
+        self.starts: dict[str, int] = {}
+        self.key = ""
+
+    def _spawn(self, name: str, args: list[str], env: dict[str, str]) -> Process:
+        self.starts[name] = self.starts.get(name, 0) + 1
+        process = Process(args, env=env, log=self.data_dir / f"{name}-{self.starts[name]}.log")
+        self.processes[name] = process
+        return process
+
+    def start_temporal(self) -> None:
+        process = self._spawn("temporal", [*command(self.temporal_settings), "--headless"], dict(os.environ))
+        wait_until(lambda: process.popen.poll() is not None or _temporal_ready(self.address), timeout=60,
+                   interval=0.1, what="temporal up")
+        assert process.popen.poll() is None, process.output()[-3000:]
+
+    def spawn_worker(self) -> Process:
+        return self._spawn("worker", [str(VENV_BIN / "relay"), "worker"], self.env)
+
+    def spawn_gateway(self) -> Process:
+        return self._spawn("gateway", [str(VENV_BIN / "relay"), "gateway"], self.env)
+
+    def wait_worker(self) -> float:
+        worker = self.processes["worker"]
+        return wait_until(lambda: "worker running on task queue" in worker.output(), timeout=60, what="worker up")
+
+    def wait_gateway(self) -> float:
+        return wait_until(lambda: healthy(self.url), timeout=60, what="gateway up")
+
+    def start_all(self) -> None:
+        """Temporal first (worker and gateway connect at start-up), then worker and gateway side by side."""
+        self.start_temporal()
+        self.spawn_worker()
+        self.spawn_gateway()
+        self.wait_worker()
+        self.wait_gateway()
+
+    def create_key(self) -> None:
+        """A key for org ``local``, made on the database (which this creates, with Relay's tables)."""
+        self.key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=self.env, check=True,
+                                  capture_output=True, text=True, timeout=60).stdout.strip()
+
+    def kill(self, *names: str) -> float:
+        for name in names:
+            self.processes[name].kill()
+        return time.monotonic()
+
+    def stop(self) -> None:
+        for name in ("gateway", "worker", "temporal"):
+            if name in self.processes:
+                self.processes[name].stop()
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=10)
+
+    def register(self, app: str, grace_secs: int) -> None:
+        with self.api() as api:
+            assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+            assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace_secs}).status_code == 204
+
+    def status(self, app: str, executor_id: str) -> str | None:
+        return registry(self.data_dir, app).get(executor_id)
+
+    def wait_status(self, app: str, executor_id: str, status: str | None, *, timeout: float) -> float:
+        return wait_until(lambda: self.status(app, executor_id) == status, timeout=timeout,
+                          what=f"{executor_id} {status}")
+
+    def wait_recorded(self, app: str, executor_id: str) -> None:
+        wait_recorded(self.address, app, executor_id)
+
+    def wait_grace_armed(self, app: str, executor_id: str) -> None:
+        """Until the grace timer is in the workflow's history (so killing the worker now loses no task)."""
+        wait_until(lambda: EventType.EVENT_TYPE_TIMER_STARTED in self._events(app, executor_id), timeout=10,
+                   interval=0.1, what=f"{executor_id}'s grace timer started")
+
+    def _events(self, app: str, executor_id: str) -> list[EventType.ValueType]:
+        async def events() -> list[EventType.ValueType]:
+            client = await connect(self.address, "default")
+            handle = client.get_workflow_handle(lifecycle_workflow_id("local", app, executor_id))
+            return [e.event_type async for e in handle.fetch_history_events()]
+
+        return asyncio.run(events())
+
+
+def _temporal_ready(address: str) -> bool:
+    async def probe() -> None:
+        async with asyncio.timeout(2):
+            await connect(address, "default")  # asks the server for its system info: up and serving
+
+    try:
+        asyncio.run(probe())
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    try:
+        # Relay's database first: a worker and a gateway started side by side on a fresh database race to create
+        # its tables, and one may exit with "table ... already exists" (reported as a bug).
+        c.create_key()
+        c.start_all()
+        yield c
+    finally:
+        c.stop()
+
+
+def _ops(rows: list[AuditRow]) -> list[str]:
+    return [r.operation for r in rows]
+
+
+def _one(rows: list[AuditRow], operation: str) -> AuditRow:
+    found = [r for r in rows if r.operation == operation]
+    assert len(found) == 1, (operation, _ops(rows))
+    return found[0]
+
+
+def _assert_recovered_once(rows: list[AuditRow]) -> None:
+    ops = [op for op in _ops(rows) if op in RECOVERY_OPS]
+    assert ops == ["executor.dead", "executor.recovery.dispatched", "executor.recovery.succeeded",
+                   "executor.deleted"], _ops(rows)
+
+
+def _assert_not_recovered(rows: list[AuditRow]) -> None:
+    ops = _ops(rows)
+    assert ops == ["executor.healthy", "executor.disconnected", "executor.reconnected"], ops
+
+
+def test_everything_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
+    """Temporal, worker and gateway SIGKILLed together mid-grace, restarted on the same data dir: a real
+    executor's pending workflow is recovered once, at the original deadline, and finishes on its peer."""
+    app, grace, workflow_id, sys_db = "restart-all", 12, "restart-wf", tmp_path / "sys.sqlite"
+    cluster.register(app, grace)
+    go = tmp_path / "go"
+    a = dbos_executor(cluster.ws_url, cluster.key, app, sys_db, tmp_path / "a.log", START_WORKFLOW=workflow_id,
+                      START_WORKFLOW_WHEN=str(go), STEP_SECONDS="0.25", STEP_LOG=str(tmp_path / "steps"))
+    b: Process | None = None
+    returner: RawPeer | None = None
+    try:
+        # One at a time: two executors migrating a brand-new SQLite system database at once can crash one.
+        wait_until(lambda: list(registry(tmp_path, app).values()) == ["HEALTHY"], timeout=60, what="A HEALTHY")
+        [a_id] = registry(tmp_path, app)
+        b = dbos_executor(cluster.ws_url, cluster.key, app, sys_db, tmp_path / "b.log",
+                          STEP_SECONDS="0.25", STEP_LOG=str(tmp_path / "steps"))
+        wait_until(lambda: list(registry(tmp_path, app).values()) == ["HEALTHY"] * 2, timeout=60, what="B HEALTHY")
+        [b_id] = set(registry(tmp_path, app)) - {a_id}
+        returner = RawPeer(cluster.ws_url, app, cluster.key, "returner", version=OTHER_VERSION)
+        for executor_id in (a_id, "returner"):
+            cluster.wait_recorded(app, executor_id)
+
+        go.touch()
+        wait_until(lambda: _steps(tmp_path / "steps", a.pid) >= 3, timeout=30, what="A ran 3 steps")
+        a.kill()
+        cluster.wait_status(app, a_id, "DISCONNECTED", timeout=5)
+        assert workflow_status(sys_db, workflow_id) == "PENDING"
+        returner.stop()  # its grace starts too; it comes back after the restart, within its grace
+        cluster.wait_status(app, "returner", "DISCONNECTED", timeout=5)
+        for executor_id in (a_id, "returner"):
+            cluster.wait_grace_armed(app, executor_id)
+
+        cluster.kill("gateway", "worker", "temporal")
+        cluster.start_all()
+        restarted = time.time()
+        returner = RawPeer(cluster.ws_url, app, cluster.key, "returner", version=OTHER_VERSION)
+        a_disconnected = _one(audit_rows(tmp_path, app, a_id), "executor.disconnected").emit_time
+        assert restarted < a_disconnected + grace - 2, "the restart took too long to test a timer on time"
+
+        wait_until(lambda: workflow_status(sys_db, workflow_id) == "SUCCESS", timeout=grace + 30,
+                   what="the workflow SUCCESS on the peer")
+        cluster.wait_status(app, a_id, None, timeout=10)
+        a_rows = audit_rows(tmp_path, app, a_id)
+        _assert_recovered_once(a_rows)
+        assert _one(a_rows, "executor.recovery.succeeded").details["candidate"] == b_id
+        assert "executor.dead" not in _ops(audit_rows(tmp_path, app, b_id))
+        late = _one(a_rows, "executor.dead").emit_time - (a_disconnected + grace)
+        assert -0.5 <= late <= DEAD_GATEWAY_SLACK, f"grace timer fired {late:+.2f}s off its original time"
+        assert _steps(tmp_path / "steps", b.pid) > 0, "the peer ran none of the workflow's steps"
+
+        returner_deadline = _one(audit_rows(tmp_path, app, "returner"), "executor.disconnected").emit_time + grace
+        wait_until(lambda: time.time() > returner_deadline + 1, timeout=grace + 5, what="past the returner's grace")
+        assert cluster.status(app, "returner") == "HEALTHY"
+        _assert_not_recovered(audit_rows(tmp_path, app, "returner"))
+        print(f"\nDEAD {late:+.2f}s from the original deadline")
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+        if returner is not None:
+            returner.stop()
+
+
+def test_worker_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
+    """Only the worker SIGKILLed mid-grace. A grace that ended while no worker ran fires at once when it is back;
+    one that ends after it is back fires at its original time; an executor that reconnected while no worker ran
+    is not recovered. Two apps, for two graces."""
+    early, late, early_grace, late_grace = "restart-worker", "restart-worker-late", 4, 10
+    cluster.register(early, early_grace)
+    cluster.register(late, late_grace)
+    peers = {app: RawPeer(cluster.ws_url, app, cluster.key, "peer") for app in (early, late)}
+    deads = {app: RawPeer(cluster.ws_url, app, cluster.key, "dead") for app in (early, late)}
+    returner = RawPeer(cluster.ws_url, early, cluster.key, "returner", version=OTHER_VERSION)
+    try:
+        for app, executor_id in [(early, "returner"), *((a, e) for a in (early, late) for e in ("peer", "dead"))]:
+            cluster.wait_status(app, executor_id, "HEALTHY", timeout=10)
+            cluster.wait_recorded(app, executor_id)
+        for app in (early, late):
+            deads[app].stop()
+        returner.stop()
+        for app, executor_id in ((early, "dead"), (late, "dead"), (early, "returner")):
+            cluster.wait_status(app, executor_id, "DISCONNECTED", timeout=5)
+            cluster.wait_grace_armed(app, executor_id)
+        deadline = {app: _one(audit_rows(tmp_path, app, "dead"), "executor.disconnected").emit_time + grace
+                    for app, grace in ((early, early_grace), (late, late_grace))}
+
+        cluster.kill("worker")
+        # The gateway signals the reconnect at once; no worker handles it until the restart.
+        returner = RawPeer(cluster.ws_url, early, cluster.key, "returner", version=OTHER_VERSION)
+        wait_until(lambda: returner.handshakes > 0, timeout=10, what="returner reconnected")
+        wait_until(lambda: time.time() > deadline[early] + 1, timeout=early_grace + 5, what="past the deadline")
+        assert cluster.status(early, "dead") == "DISCONNECTED"  # nothing fired it while no worker ran
+        cluster.spawn_worker()
+        cluster.wait_worker()
+        worker_up = time.time()
+        assert worker_up < deadline[late] - 1, "the worker took too long to start to test a timer on time"
+
+        for app in (early, late):
+            cluster.wait_status(app, "dead", None, timeout=late_grace + 15)
+            _assert_recovered_once(audit_rows(tmp_path, app, "dead"))
+            assert [r["executor_ids"] for r in peers[app].requests_of("recovery")] == [["dead"]]
+        after_restart = _one(audit_rows(tmp_path, early, "dead"), "executor.dead").emit_time - worker_up
+        off_time = _one(audit_rows(tmp_path, late, "dead"), "executor.dead").emit_time - deadline[late]
+        print(f"\npassed deadline: DEAD {after_restart:.2f}s after the worker restarted; "
+              f"later deadline: DEAD {off_time:+.2f}s from it")
+        cluster.wait_status(early, "returner", "HEALTHY", timeout=15)
+        _assert_not_recovered(audit_rows(tmp_path, early, "returner"))
+        # Timing last, so a late timer does not hide the checks above. A workflow task for a workflow the killed
+        # worker had cached goes to that worker's sticky queue first, and waits there for the worker's sticky
+        # schedule-to-start timeout (the SDK's default is 10 s) before any other worker may take it.
+        assert after_restart <= ON_TIME_SLACK, f"DEAD {after_restart:.2f}s after the worker came back"
+        assert -0.5 <= off_time <= ON_TIME_SLACK, f"grace timer fired {off_time:+.2f}s off its original time"
+    finally:
+        for p in (*peers.values(), *deads.values(), returner):
+            p.stop()
+
+
+def test_gateway_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
+    """Only the gateway SIGKILLed mid-grace: the timer fires at its original time; the executors it held are
+    disconnected by the gateway watch, reconnect to the restarted gateway within their grace and are not
+    recovered; the dead one is recovered once, through the peer's new socket."""
+    app, grace = "restart-gateway", 8
+    cluster.register(app, grace)
+    peer = RawPeer(cluster.ws_url, app, cluster.key, "peer")
+    dead = RawPeer(cluster.ws_url, app, cluster.key, "dead")
+    returner = RawPeer(cluster.ws_url, app, cluster.key, "returner", version=OTHER_VERSION)
+    try:
+        for executor_id in ("peer", "dead", "returner"):
+            cluster.wait_status(app, executor_id, "HEALTHY", timeout=10)
+            cluster.wait_recorded(app, executor_id)
+        dead.stop()
+        cluster.wait_status(app, "dead", "DISCONNECTED", timeout=5)
+        cluster.wait_grace_armed(app, "dead")
+        deadline = _one(audit_rows(tmp_path, app, "dead"), "executor.disconnected").emit_time + grace
+
+        cluster.kill("gateway")  # no `disconnected` for peer and returner: the gateway watch must notice
+        for executor_id in ("peer", "returner"):
+            cluster.wait_status(app, executor_id, "DISCONNECTED", timeout=HEARTBEAT_TIMEOUT_SECS + 8)
+        cluster.spawn_gateway()
+        cluster.wait_gateway()
+        for executor_id in ("peer", "returner"):
+            cluster.wait_status(app, executor_id, "HEALTHY", timeout=10)
+        assert time.time() < deadline - 0.5, "the restart took too long to test a timer on time"
+
+        cluster.wait_status(app, "dead", None, timeout=grace + 20)
+        rows = audit_rows(tmp_path, app, "dead")
+        _assert_recovered_once(rows)
+        late = _one(rows, "executor.dead").emit_time - deadline
+        assert -0.5 <= late <= DEAD_GATEWAY_SLACK, f"grace timer fired {late:+.2f}s off its original time"
+        assert [r["executor_ids"] for r in peer.requests_of("recovery")] == [["dead"]]
+
+        returner_deadline = _one(audit_rows(tmp_path, app, "returner"), "executor.disconnected").emit_time + grace
+        wait_until(lambda: time.time() > returner_deadline + 1, timeout=grace + 5, what="past the returner's grace")
+        for executor_id in ("peer", "returner"):
+            assert cluster.status(app, executor_id) == "HEALTHY"
+            _assert_not_recovered(audit_rows(tmp_path, app, executor_id))
+        print(f"\nDEAD {late:+.2f}s from the original deadline")
+    finally:
+        for p in (peer, dead, returner):
+            p.stop()
+
+
+def _steps(log: Path, pid: int) -> int:
+    if not log.exists():
+        return 0
+    return sum(1 for line in log.read_text().splitlines() if line.split()[0] == str(pid))

@@ -1,0 +1,52 @@
+"""The README's visibility queries find what they promise, on the dev server (the time-skipping server has no
+visibility)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from core.temporal import connect
+from tests.support import Relay, play_executor, wait_until
+from workflows.contracts.common import lifecycle_workflow_id
+
+pytestmark = pytest.mark.e2e
+
+
+async def _ids(relay: Relay, query: str) -> set[str]:
+    client = await connect(relay.temporal_address, "default")
+    return {w.id async for w in client.list_workflows(query)}
+
+
+def test_dead_executors_and_recoveries_in_progress_are_one_query_away(relay: Relay) -> None:
+    app = "visible-app"
+    with relay.api() as api:
+        api.put(f"/v2/orgs/local/apps/{app}")
+        api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": 1})
+    with play_executor(relay, app, "vis-dead", version="lonely"):  # no peer of its version: blocked once DEAD
+        wait_until(lambda: relay.executors(app).get("vis-dead") == "HEALTHY", timeout=10, what="HEALTHY")
+    with play_executor(relay, app, "vis-alive", version="other"):
+        wait_until(lambda: relay.executors(app).get("vis-dead") == "DEAD", timeout=10, what="DEAD")
+        dead = lifecycle_workflow_id("local", app, "vis-dead")
+        alive = lifecycle_workflow_id("local", app, "vis-alive")
+        by_app = f"RelayApp = '{app}' AND RelayExecutorStatus = 'DEAD' AND ExecutionStatus = 'Running'"
+        wait_until(lambda: asyncio.run(_ids(relay, by_app)) == {dead}, timeout=15, what="DEAD by app")
+        everywhere = asyncio.run(_ids(relay, "RelayExecutorStatus = 'DEAD' AND ExecutionStatus = 'Running'"))
+        assert dead in everywhere and alive not in everywhere
+        healthy = asyncio.run(_ids(relay, f"RelayApp = '{app}' AND RelayExecutorStatus = 'HEALTHY'"))
+        assert healthy == {alive}
+    with relay.api() as api:  # end both workflows, so nothing of this test keeps running
+        assert api.delete(f"/v2/orgs/local/apps/{app}").status_code == 204
+
+
+def test_metrics_count_executors_of_the_callers_org_only(relay: Relay) -> None:
+    app = "metered-app"
+    with relay.api() as api:
+        api.put(f"/v2/orgs/local/apps/{app}")
+        assert api.get("/metrics", headers={"Authorization": ""}).status_code == 401
+        with play_executor(relay, app, "metered-1"):
+            wait_until(lambda: relay.executors(app).get("metered-1") == "HEALTHY", timeout=10, what="HEALTHY")
+            text = api.get("/metrics").text
+    assert f'relay_executors{{org="local",app="{app}",status="HEALTHY"}} 1' in text
+    assert "relay_gateway_connections" in text and 'org="fuzz"' not in text

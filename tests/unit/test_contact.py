@@ -1,0 +1,214 @@
+"""A gateway's contact with Temporal (``gateway.contact``), its signal retries and its reconciliation
+(``gateway.runtime``), unit by unit: fake clocks, fake checks, a fake registry. The same behaviour with real
+processes (Temporal frozen, killed, cut off) is tests/e2e/test_outages.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from core.settings import Settings
+from core.store import Store
+from gateway import runtime
+from gateway.contact import Change, Contact, ContactState
+from gateway.hub import Connection
+from gateway.runtime import Gateway
+from gateway.session import Session
+from workflows.contracts.common import ConnectedSignal, ExecutorInfo, ExecutorStatus
+
+FENCE = timedelta(seconds=10)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_contact_state_loses_fences_once_and_regains() -> None:
+    clock = Clock()
+    state = ContactState(fence_after=FENCE, clock=clock)
+    assert state.observe(True) is None
+    clock.now += 1
+    assert state.observe(False, "refused") is Change.LOST
+    assert (state.in_contact, state.fenced, state.reason) == (False, False, "refused")
+    clock.now += 5
+    assert state.observe(False) is None
+    assert state.away_for() == timedelta(seconds=6)
+    clock.now += 4  # 10 s since the last good check
+    assert state.observe(False) is Change.FENCED
+    assert state.fenced and state.contact_for() == timedelta(0)
+    clock.now += 30
+    assert state.observe(False) is None  # fenced once per outage
+    assert state.observe(True) is Change.REGAINED
+    assert (state.in_contact, state.fenced) == (True, False)
+    clock.now += 3
+    assert state.contact_for() == timedelta(seconds=3)  # counted from the moment contact came back
+
+
+def test_a_first_failure_after_a_long_silence_fences_at_once() -> None:
+    clock = Clock()
+    state = ContactState(fence_after=FENCE, clock=clock)
+    clock.now += 11  # the check itself hung this long (a frozen server)
+    assert state.observe(False) is Change.FENCED
+
+
+async def test_contact_loop_logs_one_line_per_change_and_calls_back(caplog: pytest.LogCaptureFixture) -> None:
+    clock = Clock()
+    down = [False]
+    changes: list[Change] = []
+
+    async def check() -> None:
+        if down[0]:
+            raise RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b"")
+
+    async def on_change(change: Change) -> None:
+        changes.append(change)
+
+    contact = Contact(check=check, on_change=on_change, state=ContactState(fence_after=FENCE, clock=clock),
+                      target="temporal:7233")
+    with caplog.at_level(logging.INFO, logger="relay.contact"):
+        for outage in [False, True, True, True, True, False, False]:
+            down[0] = outage
+            clock.now += 4
+            await contact.once()
+    assert changes == [Change.LOST, Change.FENCED, Change.REGAINED]
+    lines = [r.getMessage() for r in caplog.records if r.name == "relay.contact"]
+    assert len(lines) == 3, lines
+    assert "unreachable" in lines[0] and "fencing" in lines[1] and "reachable again (away 20.0 s)" in lines[2]
+
+
+async def test_one_failed_call_that_succeeds_when_tried_again_is_not_an_outage() -> None:
+    """The server closes each client connection at its maximum age, failing a check in flight once."""
+    calls = 0
+    changes: list[Change] = []
+
+    async def check() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RPCError("operation was canceled", RPCStatusCode.CANCELLED, b"")
+
+    async def on_change(change: Change) -> None:
+        changes.append(change)
+
+    state = ContactState(fence_after=FENCE)
+    await Contact(check=check, on_change=on_change, state=state, target="t").once()
+    assert (calls, changes, state.in_contact) == (2, [], True)
+
+
+async def test_a_hanging_check_counts_as_a_failure() -> None:
+    async def hang() -> None:
+        await asyncio.sleep(60)
+
+    async def ignore(change: Change) -> None:
+        pass
+
+    state = ContactState(fence_after=timedelta(seconds=2))
+    contact = Contact(check=hang, on_change=ignore, state=state, target="t", every=timedelta(milliseconds=100))
+    await contact.once()
+    assert not state.in_contact and "TimeoutError" in state.reason
+
+
+def _gateway(tmp_path: Path, store: object = None) -> Gateway:
+    return Gateway(settings=Settings(data_dir=tmp_path), store=cast(Store, store), client=cast(Client, None))
+
+
+async def test_a_signal_is_retried_past_any_attempt_count_until_it_lands(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "SIGNAL_BACKOFF_INITIAL", timedelta(milliseconds=1))
+    monkeypatch.setattr(runtime, "SIGNAL_BACKOFF_MAX", timedelta(milliseconds=2))
+    gateway = _gateway(tmp_path)
+    calls = 0
+
+    async def send() -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 40:  # the old code gave up after 8
+            raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
+
+    assert await gateway._retry(send, "connected for e1", lambda: True)
+    assert calls == 41
+
+
+async def test_a_superseded_signal_stops_retrying_and_an_ended_workflow_is_not_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "SIGNAL_BACKOFF_INITIAL", timedelta(milliseconds=1))
+    gateway = _gateway(tmp_path)
+    calls = 0
+
+    async def failing() -> None:
+        nonlocal calls
+        calls += 1
+        raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
+
+    assert await gateway._retry(failing, "x", lambda: calls < 3)  # a newer connection came: dropped as stale
+    assert calls == 3
+
+    async def ended() -> None:
+        raise RPCError("workflow not found", RPCStatusCode.NOT_FOUND, b"")
+
+    assert not await gateway._retry(ended, "x", lambda: True)
+
+
+class FakeRegistry:
+    def __init__(self, rows: dict[tuple[str, str, str], tuple[ExecutorStatus, str]]) -> None:
+        self.rows = rows
+
+    def registry_on_gateway(self, gateway_queue: str) -> dict[tuple[str, str, str], tuple[ExecutorStatus, str]]:
+        return self.rows
+
+
+def _held(gateway: Gateway, executor_id: str, connection_id: str) -> Connection:
+    async def send(frame: str) -> None:
+        pass
+
+    async def close(code: int, reason: str) -> None:
+        pass
+
+    conn = Connection(connection_id=connection_id, org="o", app="a", executor_id=executor_id, session=Session(),
+                      send=send, close=close)
+    conn.signal = ConnectedSignal(connection_id=connection_id, gateway_queue=gateway.task_queue,
+                                  info=ExecutorInfo(executor_id), signal_id="first")
+    gateway.hub.attach(conn)
+    return conn
+
+
+async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is_gone(tmp_path: Path) -> None:
+    H, D = ExecutorStatus.HEALTHY, ExecutorStatus.DISCONNECTED
+    registry = FakeRegistry({
+        ("o", "a", "fine"): (H, "c-fine"),  # held, recorded: nothing to do
+        ("o", "a", "wrongly-gone"): (D, "c-wrong"),  # held, but the registry says DISCONNECTED
+        ("o", "a", "old-conn"): (H, "c-old"),  # held under a newer connection than recorded
+        ("o", "a", "left"): (H, "c-left"),  # recorded HEALTHY here, no socket: its `disconnected` was lost
+        ("o", "a", "already-off"): (D, "c-off"),  # no socket and already DISCONNECTED: nothing to do
+    })
+    gateway = _gateway(tmp_path, registry)
+    for executor_id, connection_id in [("fine", "c-fine"), ("wrongly-gone", "c-wrong"), ("old-conn", "c-new"),
+                                       ("unknown", "c-unknown")]:
+        _held(gateway, executor_id, connection_id)
+    resent: list[tuple[str, str]] = []
+    disconnected: list[tuple[str, str]] = []
+
+    async def resend(conn: Connection) -> None:
+        resent.append((conn.executor_id, conn.connection_id))
+
+    def spawn_disconnected(org: str, app: str, executor_id: str, connection_id: str) -> None:
+        disconnected.append((executor_id, connection_id))
+
+    fake: Any = gateway
+    fake.resend_connected = resend
+    fake.spawn_disconnected = spawn_disconnected
+    await gateway.reconcile()
+    await gateway.drain()
+    assert sorted(resent) == [("old-conn", "c-new"), ("unknown", "c-unknown"), ("wrongly-gone", "c-wrong")]
+    assert disconnected == [("left", "c-left")]

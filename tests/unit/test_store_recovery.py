@@ -1,0 +1,89 @@
+"""Candidate selection against real SQLite and PostgreSQL: same version first, spread by recoveries in flight,
+cross-version only when the app allows it, claims released when the dead executor's record is deleted."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.models import make_engine
+from core.store import Store
+from tests.postgres import PostgresCluster, postgres_cluster
+from workflows.contracts.common import ExecutorInfo, ExecutorStatus
+
+ORG, APP = "local", "spread-app"
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PostgresCluster]:
+    with postgres_cluster() as started:
+        yield started
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.e2e)])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
+    """The same queries on both stores Relay runs on (PostgreSQL: a private cluster, a database per test; it needs
+    Debian's server binaries, so that variant is in the e2e tier)."""
+    url = (f"sqlite:///{tmp_path / 'relay.db'}" if request.param == "sqlite"
+           else request.getfixturevalue("cluster").create_database("recovery"))
+    store = Store(make_engine(url))
+    store.ensure_app(ORG, APP)
+    yield store
+    store.engine.dispose()
+
+
+def _executor(store: Store, executor_id: str, version: str, status: ExecutorStatus) -> None:
+    store.record_status(org=ORG, app=APP, executor_id=executor_id, status=status, operation="test",
+                        event_key=f"{executor_id}/{status}", connection_id=f"conn-{executor_id}",
+                        gateway_queue="relay-gateway-test", details={},
+                        info=ExecutorInfo(executor_id, application_version=version))
+
+
+def _pick(store: Store, dead: str, version: str = "v1", exclude: list[str] | None = None) -> tuple[str, bool] | None:
+    found = store.select_candidate(org=ORG, app=APP, app_version=version, exclude=[dead, *(exclude or [])],
+                                   dead_executor_id=dead)
+    return None if found is None else (found[0].executor_id, found[1])
+
+
+def test_recoveries_spread_evenly_across_survivors(store: Store) -> None:
+    for peer in ("p1", "p2", "p3"):
+        _executor(store, peer, "v1", ExecutorStatus.HEALTHY)
+    picks = [_pick(store, f"dead-{i}") for i in range(9)]
+    load = Counter(p[0] for p in picks if p is not None)
+    assert sorted(load.values()) == [3, 3, 3]  # fair share exactly; never more than fair share + 1
+
+
+def test_a_dead_executors_own_claim_does_not_count_against_its_peer(store: Store) -> None:
+    _executor(store, "p1", "v1", ExecutorStatus.HEALTHY)
+    _executor(store, "p2", "v1", ExecutorStatus.HEALTHY)
+    first = _pick(store, "dead-1")
+    assert first is not None
+    other = "p2" if first[0] == "p1" else "p1"
+    assert _pick(store, "dead-2") == (other, False)  # the least loaded peer
+    # dead-1 tries again, excluding the peer that failed it: its old claim moves with it.
+    assert _pick(store, "dead-1", exclude=[first[0]]) == (other, False)
+
+
+def test_other_versions_only_when_the_app_allows_it(store: Store) -> None:
+    _executor(store, "new-1", "v2", ExecutorStatus.HEALTHY)
+    _executor(store, "sick", "v1", ExecutorStatus.DISCONNECTED)
+    assert _pick(store, "dead-1", "v1") is None
+    store.update_app(ORG, APP, {"cross_version_recovery": True}, subject="test")
+    assert _pick(store, "dead-1", "v1") == ("new-1", True)
+    _executor(store, "old-1", "v1", ExecutorStatus.HEALTHY)
+    assert _pick(store, "dead-1", "v1") == ("old-1", False)  # its own version still comes first
+
+
+def test_deleting_the_dead_record_releases_its_claim(store: Store) -> None:
+    _executor(store, "p1", "v1", ExecutorStatus.HEALTHY)
+    _executor(store, "p2", "v1", ExecutorStatus.HEALTHY)
+    first = _pick(store, "dead-1")
+    assert first is not None
+    busy, idle = first[0], ("p2" if first[0] == "p1" else "p1")
+    assert _pick(store, "dead-2") == (idle, False)
+    store.delete_executor(org=ORG, app=APP, executor_id="dead-1", event_key="deleted-1", details={})
+    # dead-1's recovery is over: `busy` carries nothing now, so it is the least loaded peer.
+    assert _pick(store, "dead-3") == (busy, False)

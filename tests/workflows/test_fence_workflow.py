@@ -1,0 +1,99 @@
+"""The fence, on the time-skipping server: nothing is declared DEAD, nor recovered, while the gateway that last held
+the executor still holds its socket; a gateway that regained contact with Temporal late owes it a full grace.
+
+The executor's gateway is the fakes' ``self_queue``, where ``FakeRelay.probe_gateway`` answers (a gateway that is
+gone — a probe never picked up — is covered end to end, on the dev server, by tests/e2e/test_gateway_death.py and
+tests/e2e/test_outages.py: the time-skipping server does not skip time while an activity waits to be picked up).
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from tests.lifecycle_fakes import DEAD, DISCONNECTED, GRACE, HEALTHY, RECONNECTED, Relay
+from tests.workflows.test_lifecycle_workflow import relay  # noqa: F401 — the workers fixture
+from workflows.contracts.gateway_watch import ProbeGatewayReply
+from workflows.contracts.lifecycle import LifecycleResult
+
+
+async def test_a_socket_still_held_at_the_end_of_the_grace_is_healthy_not_dead(relay: Relay) -> None:  # noqa: F811
+    """The `disconnected` was wrong (say, a watch that read Temporal's own outage as the gateway's death): the
+    gateway still holds the socket, so the executor is HEALTHY again and nothing is recovered."""
+    fakes = relay.fakes
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    fakes.probe_replies.append(ProbeGatewayReply(connection=relay.connected_signal("c1"),
+                                                 contact_for=timedelta(days=1)))
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    [probe] = fakes.probes
+    assert probe.task_queue == fakes.self_queue
+    assert (probe.input.org, probe.input.app, probe.input.executor_id) == ("acme", "shop", relay.executor_id)
+    assert "executor.fenced" in fakes.audits()
+    assert not fakes.dispatches and not fakes.selects and not fakes.deletes
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c1")
+
+
+async def test_contact_regained_late_extends_the_grace_from_that_moment(relay: Relay) -> None:  # noqa: F811
+    """The gateway has been in contact with Temporal for only 10 s when the grace ends: the executor was away
+    while Relay could not have taken it back, so it gets a whole grace from the moment contact came back."""
+    fakes = relay.fakes
+    regained_ago = timedelta(seconds=10)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    fakes.probe_replies.append(ProbeGatewayReply(connection=None, contact_for=regained_ago))
+    await relay.disconnect("c1")
+
+    result = await relay.result()
+
+    assert result == LifecycleResult(status="RECOVERED", recovered_by="peer-a", attempts=1)
+    assert fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]
+    disconnected, dead = fakes.records[1], fakes.records[2]
+    first_probe, second_probe, before_dispatch = fakes.probes
+    extended_by = GRACE - regained_ago
+    lateness = dead.scheduled - (disconnected.scheduled + GRACE + extended_by)
+    assert timedelta(0) <= lateness < timedelta(seconds=2), (disconnected.scheduled, dead.scheduled)
+    assert second_probe.scheduled - first_probe.scheduled >= extended_by - timedelta(seconds=1)
+    assert fakes.audits().index("executor.grace.extended") < fakes.audits().index("executor.recovery.dispatched")
+    assert before_dispatch.scheduled >= dead.scheduled
+
+
+async def test_back_on_its_gateway_right_before_the_request_calls_recovery_off(relay: Relay) -> None:  # noqa: F811
+    """Gone when the grace ended, but holding a new socket on the same gateway when the request is about to go
+    out (its `connected` not yet landed): the probe before the request sees it, and no request is sent."""
+    fakes = relay.fakes
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    fakes.probe_replies += [ProbeGatewayReply(connection=None, contact_for=timedelta(days=1)),
+                            ProbeGatewayReply(connection=relay.connected_signal("c2"), contact_for=timedelta(days=1))]
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    assert len(fakes.probes) == 2 and fakes.selects
+    assert not fakes.dispatches and not fakes.deletes
+    assert fakes.audits()[-1] == "executor.recovery.cancelled"
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c2")
+    # And it is watched as ever: a real disconnect later starts a new grace.
+    await relay.disconnect("c2", signal_id=str(uuid.uuid4()))
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED, DISCONNECTED)
+
+
+async def test_every_request_is_preceded_by_a_probe(relay: Relay) -> None:  # noqa: F811
+    """A failed attempt, then another: the executor's gateway is asked before each request, not only the first."""
+    fakes = relay.fakes
+    fakes.recovery_replies["peer-a"] = [RuntimeError("peer-a went away")]
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    await relay.result()
+
+    assert len(fakes.dispatches) == 2
+    # one before DEAD, one before each of the two requests
+    assert len(fakes.probes) == 3

@@ -1,0 +1,198 @@
+"""Replay the recorded histories in ``tests/histories/`` against the current workflow code.
+
+A history that no longer replays means the code would break workflows running in production (Temporal replays
+their history on the new code): guard the change with ``workflow.patched`` instead (README, "Changing a
+workflow"). The mutant tests prove the check has teeth: copies of the workflow modules with an activity call
+moved, dropped or a timer added must each fail to replay.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+from temporalio.client import WorkflowHistory
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+from temporalio.workflow import NondeterminismError
+
+from core.temporal import data_converter
+from tests.histories.scenarios import SCENARIOS
+from workflows import gateway_watch, lifecycle
+from workflows.gateway_watch import GatewayWorkflow
+from workflows.lifecycle import ExecutorLifecycleWorkflow
+
+HISTORIES = Path(__file__).parents[1] / "histories"
+FIXTURES = sorted(HISTORIES.rglob("*.json"))  # the current recordings, and older ones in subfolders
+_BUDGET = re.compile(r"-signal-budget-(\d+)\b")
+
+
+def _history(path: Path) -> WorkflowHistory:
+    return WorkflowHistory.from_json(path.stem, path.read_text())
+
+
+def _workflow_type(history: WorkflowHistory) -> str:
+    return history.events[0].workflow_execution_started_event_attributes.workflow_type.name
+
+
+def _signal_budget(path: Path) -> int | None:
+    match = _BUDGET.search(path.name)
+    return int(match.group(1)) if match else None
+
+
+async def _replay(path: Path, workflows: list[type], monkeypatch: pytest.MonkeyPatch,
+                  lifecycle_module: ModuleType = lifecycle, *, sandboxed: bool = True) -> Exception | None:
+    """Replay one fixture; the failure, or None. A history recorded with a lowered ``SIGNAL_BUDGET`` (named in
+    its file) replays with the same budget, which only reaches the workflow outside the sandbox."""
+    budget = _signal_budget(path)
+    with monkeypatch.context() as patch:  # undone after this replay, not at the end of the test
+        if budget is not None:
+            patch.setattr(lifecycle_module, "SIGNAL_BUDGET", budget)
+            sandboxed = False
+        replayer = Replayer(
+            workflows=workflows,
+            data_converter=data_converter,
+            workflow_runner=SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner(),
+        )
+        result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
+    return result.replay_failure
+
+
+def test_every_scenario_has_its_fixtures() -> None:
+    """A fixture deleted (or a scenario added but never recorded) must not pass by replaying nothing."""
+    missing = [s.name for s in SCENARIOS
+               if not any(HISTORIES.glob(f"{s.stem}.json")) and not any(HISTORIES.glob(f"{s.stem}.[0-9]*.json"))]
+    assert not missing, f"no fixture for {missing}: run `.venv/bin/python -m tests.histories.record`"
+    types = {_workflow_type(_history(path)) for path in FIXTURES}
+    assert types == {"ExecutorLifecycleWorkflow", "GatewayWorkflow"}
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
+async def test_recorded_history_replays(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    failure = await _replay(path, [ExecutorLifecycleWorkflow, GatewayWorkflow], monkeypatch)
+    assert failure is None, (
+        f"{path.name} no longer replays: {failure!r}. Running workflows would fail the same way; guard the change "
+        "with workflow.patched (README: Changing a workflow)"
+    )
+
+
+# -- mutants: the replay must catch an incompatible change -----------------------------------------------------
+
+
+Mutation = Callable[[ast.Module], None]
+
+
+def _activity_call(stmt: ast.stmt) -> bool:
+    """``await workflow.execute_activity(...)`` or ``await self._db/_audit/_record(...)`` as a statement."""
+    if not (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Await)
+            and isinstance(stmt.value.value, ast.Call) and isinstance(stmt.value.value.func, ast.Attribute)):
+        return False
+    return stmt.value.value.func.attr in {"execute_activity", "_db", "_audit", "_record"}
+
+
+def _bodies(tree: ast.Module) -> list[list[ast.stmt]]:
+    return [body for node in ast.walk(tree) for name in ("body", "orelse", "finalbody")
+            if isinstance(body := getattr(node, name, None), list) and body and isinstance(body[0], ast.stmt)]
+
+
+def swap_two_activity_calls(tree: ast.Module) -> None:
+    """Reorder the first two consecutive activity calls (today: the success audit and the delete)."""
+    for body in _bodies(tree):
+        for n, (first, second) in enumerate(zip(body, body[1:], strict=False)):
+            if _activity_call(first) and _activity_call(second):
+                body[n], body[n + 1] = second, first
+                return
+    raise AssertionError("no two consecutive activity calls left to swap: pick another mutation")
+
+
+def drop_an_activity_call(tree: ast.Module) -> None:
+    """Replace an activity call made as a plain statement with ``pass`` (an activity dropped)."""
+    for body in reversed(_bodies(tree)):
+        for n in reversed(range(len(body))):
+            if _activity_call(body[n]):
+                body[n] = ast.Pass()
+                return
+    raise AssertionError("no activity call left to drop")
+
+
+def timer_first(tree: ast.Module) -> None:
+    """Start every run with a one-second timer the recorded histories do not have."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AsyncFunctionDef) and node.name == "run":
+            sleep = ast.parse("await workflow.sleep(1)").body
+            node.body[:0] = sleep
+            return
+    raise AssertionError("no run method")
+
+
+def unchanged(tree: ast.Module) -> None:
+    """The control: a copy loaded the same way, not mutated, must replay every fixture."""
+
+
+def _load_copy(module: ModuleType, mutate: Mutation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """A mutated copy of ``module`` loaded from a temp file under another name; the real file is never touched."""
+    assert module.__file__ is not None
+    tree = ast.parse(Path(module.__file__).read_text())
+    mutate(tree)
+    name = f"replay_mutant_{module.__name__.replace('.', '_')}_{mutate.__name__}"
+    path = tmp_path / f"{name}.py"
+    path.write_text(ast.unparse(ast.fix_missing_locations(tree)))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    copy = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, name, copy)  # dataclass and type-hint resolution look the module up
+    spec.loader.exec_module(copy)
+    return copy
+
+
+def _incompatible(failure: Exception | None) -> bool:
+    """A failure the change itself caused, not a broken copy: nondeterminism, or a recorded result that does not
+    decode as the result type of the activity now called there (activities are called through typed stubs, so
+    a call shifted onto another's recorded result can fail on its type before the command types are compared)."""
+    return isinstance(failure, NondeterminismError) or (
+        isinstance(failure, RuntimeError) and "Failed decoding arguments" in str(failure))
+
+
+def _recorded_type(path: Path) -> str:
+    """The workflow type of a fixture, read off its JSON: every process that collects this module does this for
+    every fixture, and ``_history`` (the whole history decoded into protobuf) takes seconds for all of them."""
+    started = json.loads(path.read_text())["events"][0]["workflowExecutionStartedEventAttributes"]
+    return str(started["workflowType"]["name"])
+
+
+LIFECYCLE_FIXTURES = [p for p in FIXTURES if _recorded_type(p) == "ExecutorLifecycleWorkflow"]
+GATEWAY_FIXTURES = [p for p in FIXTURES if _recorded_type(p) == "GatewayWorkflow"]
+
+
+@pytest.mark.parametrize("mutate", [swap_two_activity_calls, drop_an_activity_call, timer_first, unchanged],
+                         ids=lambda m: m.__name__)
+async def test_a_changed_lifecycle_workflow_fails_replay(
+    mutate: Mutation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = _load_copy(lifecycle, mutate, tmp_path, monkeypatch)
+    workflows = [copy.ExecutorLifecycleWorkflow, GatewayWorkflow]
+    # Unsandboxed: the sandbox would re-import the copy by name from a path it cannot see.
+    failures = {p.name: await _replay(p, workflows, monkeypatch, copy, sandboxed=False) for p in LIFECYCLE_FIXTURES}
+    caught = {name for name, failure in failures.items() if failure is not None}
+    if mutate is unchanged:
+        assert not caught, failures
+        return
+    assert caught, f"{mutate.__name__}: every fixture still replays, so replay tests could never fail"
+    assert all(_incompatible(failures[name]) for name in caught), failures
+    if mutate is not drop_an_activity_call:  # that one touches only the removal paths
+        assert "happy-recovery.json" in caught
+
+
+async def test_a_changed_gateway_workflow_fails_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    copy = _load_copy(gateway_watch, timer_first, tmp_path, monkeypatch)
+    for path in GATEWAY_FIXTURES:
+        failure = await _replay(path, [ExecutorLifecycleWorkflow, copy.GatewayWorkflow], monkeypatch,
+                                sandboxed=False)
+        assert isinstance(failure, NondeterminismError), (path.name, failure)

@@ -1,0 +1,109 @@
+"""What every workflow contract shares: task queue and activity names, search attributes, workflow ids, the
+executor's status and self-description, the signals the gateway watch sends too, and a chosen peer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+SHARED_TASK_QUEUE = "relay"
+GATEWAY_TASK_QUEUE_PREFIX = "relay-gateway-"
+
+# Search attributes Relay registers (docker-compose.temporal.yml and `relay dev` create the same list).
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    "RelayOrg": "Keyword",
+    "RelayApp": "Keyword",
+    "RelayExecutorId": "Keyword",
+    "RelayAppVersion": "Keyword",
+    "RelayExecutorStatus": "Keyword",
+}
+
+
+class Activity:
+    """Activity names, each defined once: the stubs in the contracts and the implementations both use them.
+
+    Database activities run on the shared queue; socket-bound ones on a gateway's own queue.
+    """
+
+    RECORD_STATUS = "record_status"
+    GET_EXECUTOR_TIMEOUT = "get_executor_timeout"
+    SELECT_CANDIDATE = "select_candidate"
+    WRITE_AUDIT = "write_audit"
+    DELETE_EXECUTOR = "delete_executor"
+    DISPATCH_RECOVERY = "dispatch_recovery"
+    EXIST_PENDING_WORKFLOWS = "exist_pending_workflows"
+    # Retention: database activities on the shared queue, dispatch on the executor's gateway queue.
+    LIST_RETENTION_TARGETS = "list_retention_targets"
+    SELECT_RETENTION_EXECUTOR = "select_retention_executor"
+    WRITE_RETENTION_AUDIT = "write_retention_audit"
+    DISPATCH_RETENTION = "dispatch_retention"
+    # Gateway watch: held on the gateway's own queue; the sweep runs on the shared queue once it is gone.
+    HOLD_GATEWAY = "hold_gateway"
+    DISCONNECT_GATEWAY_EXECUTORS = "disconnect_gateway_executors"
+    # The fence: asked on a gateway's own queue before anything is declared gone. A gateway that does not pick it
+    # up within its schedule-to-start timeout counts as gone; one that does says whether it holds the socket.
+    PROBE_GATEWAY = "probe_gateway"
+
+
+# What an activity stub raises if it is ever run: only its name and signature are used (by the workflows).
+STUB = "an activity contract: the worker or the gateway registers the implementation under the same name"
+
+
+def gateway_workflow_id(gateway_queue: str) -> str:
+    return f"relay-gateway/{gateway_queue}"
+
+
+def lifecycle_workflow_id(org: str, app: str, executor_id: str) -> str:
+    return f"relay-executor/{org}/{app}/{executor_id}"
+
+
+# A StrEnum: workflow payloads, registry rows, search attributes and REST bodies all carry the plain strings.
+# Its docstring is the schema's description in the REST API's OpenAPI document.
+class ExecutorStatus(StrEnum):
+    """HEALTHY: connected to a gateway. DISCONNECTED: its connection was lost; it may reconnect within the app's
+    executorTimeoutSecs. DEAD: it did not; a peer is recovering its pending workflows, then its record is deleted."""
+
+    HEALTHY = "HEALTHY"
+    DISCONNECTED = "DISCONNECTED"
+    DEAD = "DEAD"
+
+
+@dataclass
+class ExecutorInfo:
+    """What an executor says of itself in its ``executor_info`` reply."""
+
+    executor_id: str
+    application_version: str = ""
+    hostname: str | None = None
+    language: str | None = None
+    dbos_version: str | None = None
+    executor_metadata: dict[str, Any] | None = None
+
+
+@dataclass
+class ConnectedSignal:
+    connection_id: str
+    gateway_queue: str
+    info: ExecutorInfo
+    # Idempotency key: the gateway retries signals, and Temporal does not deduplicate them.
+    signal_id: str
+    source_ip: str = ""
+
+
+@dataclass
+class DisconnectedSignal:
+    connection_id: str
+    signal_id: str
+    reason: str = "closed"
+
+
+@dataclass
+class Candidate:
+    """A HEALTHY executor chosen to carry a request (a recovery, a retention round), and where its socket is."""
+
+    executor_id: str
+    gateway_queue: str
+    app_version: str = ""
+    # True when the app allows cross-version recovery and no peer of the dead executor's version was HEALTHY.
+    cross_version: bool = False

@@ -1,0 +1,83 @@
+"""The gateway watch workflow's contract (one ``GatewayWorkflow`` per gateway process), and the fence's probe,
+which the lifecycle workflow asks of a gateway too. Stubs of their activities: ``hold_gateway`` and
+``probe_gateway`` are implemented in ``gateway.activities`` (they run in the gateway process, on its own task
+queue), ``disconnect_gateway_executors`` in ``activities.registry``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from temporalio import activity
+
+from workflows.contracts.common import STUB, Activity, ConnectedSignal
+
+
+@dataclass
+class GatewayInput:
+    """Watch one gateway process. A gateway that dies sends no ``disconnected``: this workflow notices for it."""
+
+    gateway_queue: str
+    heartbeat_timeout: timedelta = timedelta(seconds=10)
+    # Each hold lasts this long, then the run continues as new (bounded history for a gateway up for months).
+    hold_for: timedelta = timedelta(hours=6)
+
+
+@dataclass
+class HoldGatewayInput:
+    heartbeat_interval: timedelta
+    hold_for: timedelta
+
+
+@dataclass
+class ProbeGatewayInput:
+    """Ask a gateway whether it is alive and, when ``executor_id`` is set, whether it holds that executor's socket."""
+
+    org: str = ""
+    app: str = ""
+    executor_id: str = ""
+
+
+@dataclass
+class ProbeGatewayReply:
+    """The gateway picked the probe up, so it is alive and in contact with Temporal.
+
+    ``connection`` is the live socket it holds for the executor (as its ``connected`` signal said), or None.
+    ``contact_for`` is how long the gateway has been in contact with Temporal without a break: an executor that
+    left while its gateway could not reach Temporal is owed a full grace from the moment contact came back.
+    """
+
+    connection: ConnectedSignal | None = None
+    contact_for: timedelta = timedelta(0)
+
+
+@dataclass
+class DisconnectGatewayInput:
+    gateway_queue: str
+    reason: str = "gateway gone"
+
+
+@dataclass
+class DisconnectGatewayResult:
+    signalled: int
+
+
+# -- activities (stubs, called by reference; the implementations are registered under the same names) ----------
+
+
+@activity.defn(name=Activity.HOLD_GATEWAY)
+async def hold_gateway(input: HoldGatewayInput) -> None:
+    """Heartbeat for as long as the gateway process lives (up to ``hold_for``)."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.PROBE_GATEWAY)
+async def probe_gateway(input: ProbeGatewayInput) -> ProbeGatewayReply:
+    """The fence's question: picked up at all, the gateway is alive; does it hold the executor's socket?"""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
+async def disconnect_gateway_executors(input: DisconnectGatewayInput) -> DisconnectGatewayResult:
+    """Signal ``disconnected`` for every executor the registry places on a gateway that is gone."""
+    raise NotImplementedError(STUB)

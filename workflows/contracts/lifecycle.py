@@ -1,0 +1,225 @@
+"""The executor lifecycle workflow's contract: its input, state and result, the signals only it receives, and
+its activities (stubs: the database ones are implemented in ``activities.registry``, the socket-bound ones in
+``gateway.activities``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeAlias
+
+from temporalio import activity
+
+from workflows.contracts.common import (
+    STUB,
+    Activity,
+    Candidate,
+    ConnectedSignal,
+    ExecutorInfo,
+    ExecutorStatus,
+)
+
+# The workflow's status before it has recorded the executor once: never written to the registry, never shown by
+# the REST API, so it is not an ``ExecutorStatus``. Carried state of that age says "NEW", so it stays a string.
+NEW: Literal["NEW"] = "NEW"
+LifecycleStatus: TypeAlias = ExecutorStatus | Literal["NEW"]
+
+
+@dataclass
+class RemovedSignal:
+    """The executor's app was deleted (or the executor removed by an operator): end without recovery."""
+
+    signal_id: str
+    reason: str = "app deleted"
+
+
+@dataclass
+class PeerAvailableSignal:
+    """An executor of the app became HEALTHY: a recovery waiting for a peer may look again now."""
+
+    executor_id: str
+    app_version: str = ""
+
+
+@dataclass
+class LifecycleState:
+    """What continue-as-new carries from one run to the next."""
+
+    status: LifecycleStatus = NEW
+    connection: ConnectedSignal | None = None
+    recorded_connection_id: str | None = None
+    app_version: str = ""
+    # A connection that came and went before the run loop recorded it (both signals in one workflow task):
+    # still recorded, HEALTHY then DISCONNECTED, so no connection goes unaccounted for.
+    unrecorded: ConnectedSignal | None = None
+    # While DISCONNECTED: when the grace ends. Carried across continue-as-new, so the grace neither restarts nor
+    # stretches when a flapping executor's history is continued mid-grace.
+    grace_deadline: datetime | None = None
+    seen_signal_ids: list[str] = field(default_factory=list)
+    # The task queue of the gateway that last held the executor: the fence asks it before DEAD and before
+    # each recovery request. Empty in state carried from before the fence (nothing to ask: not fenced).
+    gateway_queue: str = ""
+    # The grace of the current DISCONNECTED stretch, as read when it started: an extended grace (the gateway
+    # regained contact with Temporal late in it) counts this long from the moment contact came back.
+    grace: timedelta | None = None
+    # DEAD, but recovery was called off before a request went out: the executor holds a live socket after all.
+    # The run records it HEALTHY next instead of recovering it.
+    revived: bool = False
+
+
+@dataclass
+class LifecycleInput:
+    org: str
+    app: str
+    executor_id: str
+    state: LifecycleState | None = None
+    # How long a peer may take to answer ``recovery`` or ``exist_pending_workflows``.
+    recovery_timeout: timedelta = timedelta(seconds=60)
+    # How long a gateway has to pick up the fence's probe before it counts as gone (RELAY_GATEWAY_HEARTBEAT_...).
+    probe_timeout: timedelta = timedelta(seconds=10)
+
+
+@dataclass
+class LifecycleResult:
+    status: str
+    recovered_by: str | None = None
+    attempts: int = 0
+
+
+@dataclass
+class RecordStatusInput:
+    """Write the executor's registry row and its audit row in one transaction, at most once per event_key."""
+
+    org: str
+    app: str
+    executor_id: str
+    status: ExecutorStatus
+    operation: str
+    event_key: str
+    info: ExecutorInfo | None = None
+    connection_id: str | None = None
+    gateway_queue: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+    # Durations for the audit row, by their REST names (``executorTimeoutSecs``): the activity writes each in the
+    # unit its name states, so no workflow converts a duration to a number.
+    durations: dict[str, timedelta] = field(default_factory=dict)
+
+
+@dataclass
+class GetExecutorTimeoutInput:
+    org: str
+    app: str
+
+
+@dataclass
+class SelectCandidateInput:
+    org: str
+    app: str
+    app_version: str
+    exclude: list[str] = field(default_factory=list)
+    # The executor being recovered: the chosen peer is recorded as carrying its recovery (load spreading).
+    dead_executor_id: str = ""
+
+
+@dataclass
+class WriteAuditInput:
+    org: str
+    app: str
+    executor_id: str
+    operation: str
+    event_key: str
+    status: str = "success"
+    details: dict[str, Any] = field(default_factory=dict)
+    durations: dict[str, timedelta] = field(default_factory=dict)  # as in ``RecordStatusInput``
+
+
+@dataclass
+class DeleteExecutorInput:
+    org: str
+    app: str
+    executor_id: str
+    event_key: str
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DispatchRecoveryInput:
+    """Send ``recovery`` to ``executor_id`` (the candidate) for ``dead_executor_ids``."""
+
+    executor_id: str
+    dead_executor_ids: list[str]
+    request_id: str
+    timeout: timedelta = timedelta(seconds=60)
+    # The candidate's org and app: the hub holds sockets per (org, app, executor id).
+    org: str = ""
+    app: str = ""
+
+
+@dataclass
+class RecoveryReply:
+    success: bool
+    error_message: str | None = None
+
+
+@dataclass
+class ExistPendingInput:
+    """Ask ``executor_id`` whether ``dead_executor_id`` still has PENDING workflows of ``app_version``."""
+
+    executor_id: str
+    dead_executor_id: str
+    app_version: str
+    request_id: str
+    timeout: timedelta = timedelta(seconds=60)
+    org: str = ""
+    app: str = ""
+
+
+@dataclass
+class ExistPendingReply:
+    exist: bool
+    error_message: str | None = None
+
+
+# -- activities: the workflow calls these stubs by reference; the worker and the gateways register the
+# implementations under the same names (a unit test keeps names and signatures equal) --------------------------
+
+@activity.defn(name=Activity.RECORD_STATUS)
+async def record_status(input: RecordStatusInput) -> None:
+    """Write the registry row and its audit row, at most once per event key."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
+async def get_executor_timeout(input: GetExecutorTimeoutInput) -> timedelta | None:
+    """The app's grace; None when the app no longer exists."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.SELECT_CANDIDATE)
+async def select_candidate(input: SelectCandidateInput) -> Candidate | None:
+    """Claim a HEALTHY peer to recover the dead executor; None when there is none."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.WRITE_AUDIT)
+async def write_audit(input: WriteAuditInput) -> None:
+    """One audit row, at most once per event key."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.DELETE_EXECUTOR)
+async def delete_executor(input: DeleteExecutorInput) -> None:
+    """Delete the registry row (and its recovery claim), audited, at most once per event key."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.DISPATCH_RECOVERY)
+async def dispatch_recovery(input: DispatchRecoveryInput) -> RecoveryReply:
+    """Send ``recovery`` to the candidate, on the task queue of the gateway holding its socket."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
+async def exist_pending_workflows(input: ExistPendingInput) -> ExistPendingReply:
+    """Ask the candidate whether the dead executor's workflows remain PENDING, on its gateway's task queue."""
+    raise NotImplementedError(STUB)

@@ -1,0 +1,62 @@
+"""The gateway watch workflow, one per gateway process (id ``relay-gateway/{queue}``).
+
+A gateway that dies (SIGKILL, lost host) never sends ``disconnected`` for the executors it held. This workflow
+keeps a heartbeating activity running on the gateway's own task queue; when its heartbeats stop, Temporal fails
+the activity at the heartbeat timeout. Missed heartbeats alone mean "no news" (Temporal itself may have been
+away), so the workflow then probes the gateway (``workflows.fence``): a gateway that picks the probe up is alive
+and its hold starts again; only one that does not is gone, and the workflow disconnects every executor the
+registry still places on it — at that moment, so their grace periods start. The gateway restarts its watch
+whenever it finds it not running, and the workflow id keeps it to one per gateway.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError
+
+from workflows import fence
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts.gateway_watch import (
+        DisconnectGatewayInput,
+        DisconnectGatewayResult,
+        GatewayInput,
+        HoldGatewayInput,
+        ProbeGatewayInput,
+        disconnect_gateway_executors,
+        hold_gateway,
+    )
+
+# From this patch on, a hold that fails is confirmed with a probe before the gateway's executors are disconnected.
+CONFIRM_PATCH = "confirm-gateway-gone"
+
+
+@workflow.defn
+class GatewayWorkflow:
+    @workflow.run
+    async def run(self, input: GatewayInput) -> DisconnectGatewayResult:
+        try:
+            await workflow.execute_activity(
+                hold_gateway,
+                HoldGatewayInput(heartbeat_interval=input.heartbeat_timeout / 4, hold_for=input.hold_for),
+                task_queue=input.gateway_queue,
+                # A gateway that is already gone never picks the hold up: that too must count as gone.
+                schedule_to_start_timeout=input.heartbeat_timeout,
+                start_to_close_timeout=input.hold_for + input.heartbeat_timeout,
+                heartbeat_timeout=input.heartbeat_timeout,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=f"hold {input.gateway_queue}",
+            )
+        except ActivityError as err:
+            if workflow.patched(CONFIRM_PATCH) and await fence.probe(
+                    input.gateway_queue, ProbeGatewayInput(), timeout=input.heartbeat_timeout) is not None:
+                workflow.continue_as_new(input)  # alive after all (Temporal was away, say): hold again
+            reason = f"gateway gone: {err.cause or err}"
+            return await workflow.execute_activity(
+                disconnect_gateway_executors,
+                DisconnectGatewayInput(input.gateway_queue, reason=reason),
+                start_to_close_timeout=input.heartbeat_timeout * 6,
+                summary="disconnect the executors it held",
+            )
+        workflow.continue_as_new(input)
