@@ -11,9 +11,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event
-from sqlalchemy.exc import DBAPIError
 from sqlmodel import Field, SQLModel, create_engine
 
+from core import migrations
+from core.settings import DatabaseSettings
 from workflows.contracts.common import ExecutorStatus
 
 
@@ -120,7 +121,7 @@ class AuditLog(SQLModel, table=True):
 
 class RetentionState(SQLModel, table=True):
     """When each app's last retention round was started. A table of its own rather than a column on
-    ``Application``: ``create_all`` adds missing tables to an existing database, never missing columns."""
+    ``Application``: it predates migrations, when ``create_all`` added missing tables, never missing columns."""
 
     org: str = Field(primary_key=True)
     app: str = Field(primary_key=True)
@@ -131,14 +132,13 @@ class RetentionState(SQLModel, table=True):
 
 
 PG_CONNECT_TIMEOUT_S = 5
-# Each failed try means another process created a table or an index meanwhile: there are fewer than this many.
-SCHEMA_ATTEMPTS = 20
-CREATED_CONCURRENTLY = ("already exists", "duplicate key value")
 
 
-def make_engine(url: str) -> Engine:
-    """Engine with the tables created. SQLite gets WAL and a busy timeout: gateway and worker share the file.
-    PostgreSQL (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged pool."""
+def make_engine(url: str, database: DatabaseSettings | None = None) -> Engine:
+    """Engine on a database migrated to the newest schema (``core.migrations``: every process that opens the store
+    applies them at start-up, safely when several start at once). SQLite gets WAL and a busy timeout: gateway and
+    worker share the file. PostgreSQL (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged pool
+    sized, and a statement timeout, from ``database`` (default: the ``RELAY_DATABASE_*`` environment)."""
     if url.startswith("postgresql://"):
         # SQLAlchemy's default PostgreSQL driver is psycopg2; Relay's ``postgres`` extra installs psycopg (3).
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
@@ -153,20 +153,16 @@ def make_engine(url: str) -> Engine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
     else:
+        db = database or DatabaseSettings()
         # Pre-ping: a pooled connection that a restarted PostgreSQL dropped is replaced at checkout instead of
         # failing the next query. A connect timeout (libpq's, in seconds) keeps an unreachable host from holding a
         # request or an activity for the kernel's TCP timeout (minutes): it fails, and is retried, in seconds.
-        args = {"connect_timeout": PG_CONNECT_TIMEOUT_S} if url.startswith("postgresql") else {}
-        engine = create_engine(url, pool_pre_ping=True, connect_args=args)
-    attempts = 1
-    while True:
-        try:
-            SQLModel.metadata.create_all(engine)
-            return engine
-        except DBAPIError as err:
-            # `relay worker` and `relay gateway` started together on a new database both create the tables. The
-            # loser sees what the winner created meanwhile: "already exists" (SQLite creates one table at a time)
-            # or, on PostgreSQL, a duplicate key in its catalog of types. Again: create_all skips what exists.
-            if attempts == SCHEMA_ATTEMPTS or not any(sign in str(err) for sign in CREATED_CONCURRENTLY):
-                raise
-            attempts += 1
+        args: dict[str, Any] = {}
+        if url.startswith("postgresql"):
+            args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+            if db.statement_timeout_secs:
+                args["options"] = f"-c statement_timeout={round(db.statement_timeout_secs * 1000)}"
+        engine = create_engine(url, pool_pre_ping=True, pool_size=db.pool_size, max_overflow=db.max_overflow,
+                               pool_timeout=db.pool_timeout_secs, connect_args=args)
+    migrations.upgrade(engine)
+    return engine

@@ -14,6 +14,21 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from core import units
 
 
+class DatabaseSettings(BaseSettings):
+    """Relay's connection pool on PostgreSQL (``RELAY_DATABASE_*``; SQLite ignores them). Read by ``make_engine``
+    itself, so every process that opens the store applies them."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_DATABASE_", extra="ignore")
+
+    # Connections kept open per process (gateway, worker), and how many more it may open under load.
+    pool_size: int = Field(default=5, ge=1)
+    max_overflow: int = Field(default=10, ge=0)
+    # How long a request or activity waits for a free pooled connection before it fails (as unavailable: 503).
+    pool_timeout_secs: float = Field(default=30, gt=0)
+    # PostgreSQL's statement_timeout for Relay's sessions; 0: none (the server's own setting).
+    statement_timeout_secs: float = Field(default=0, ge=0)
+
+
 class Settings(BaseSettings):
     """Every ``RELAY_*`` environment setting, with its default (the README's Configuration table lists them)."""
 

@@ -1,0 +1,32 @@
+"""Alembic's environment for Relay's schema.
+
+At start-up ``core.migrations.upgrade`` runs it on a connection it has locked and begun a transaction on (passed as
+``config.attributes["connection"]``). A developer writing the next revision runs the ``alembic`` command with
+``-x url=...`` (``alembic -c core/migrations/alembic.ini -x url=sqlite:///scratch.db revision --autogenerate -m ...``)
+against a database at head.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine
+from sqlmodel import SQLModel
+
+import core.models  # noqa: F401  (registers the tables on SQLModel.metadata, the autogenerate target)
+
+config = context.config
+connection = config.attributes.get("connection")
+if connection is not None:
+    context.configure(connection=connection, target_metadata=SQLModel.metadata, render_as_batch=True)
+    with context.begin_transaction():
+        context.run_migrations()
+else:
+    url = context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise SystemExit("give the database: alembic -x url=<SQLAlchemy URL> ...")
+    engine = create_engine(url)
+    with engine.connect() as conn:
+        context.configure(connection=conn, target_metadata=SQLModel.metadata, render_as_batch=True)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()

@@ -1,0 +1,216 @@
+"""Schema migrations on SQLite (core/migrations): a new database migrated to head has exactly the models' schema, a
+database made by ``create_all`` before migrations is adopted with its rows, and processes starting together on one
+new database all get there. The same on PostgreSQL: tests/e2e/test_migrations.py, with these helpers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy import Engine, create_engine, inspect, text
+from sqlmodel import Session, SQLModel, select
+
+from core import migrations
+from core.models import ApiKey, Application, AuditLog, Executor, make_engine
+from workflows.contracts.common import ExecutorStatus
+
+ORG = "local"
+
+
+def schema_differences(engine: Engine) -> list[Any]:
+    """What Alembic's autogenerate finds between the database and ``SQLModel.metadata`` (types included)."""
+    with engine.connect() as conn:
+        ctx = MigrationContext.configure(conn, opts={"compare_type": True, "compare_server_default": True})
+        return list(compare_metadata(ctx, SQLModel.metadata))
+
+
+def schema(engine: Engine) -> dict[str, Any]:
+    """Every table's columns, primary key, unique constraints and indexes, as reflected; ``alembic_version`` left
+    out. What ``create_all`` makes and what the migrations make must be equal."""
+    found = inspect(engine)
+    tables: dict[str, Any] = {}
+    for table in sorted(set(found.get_table_names()) - {"alembic_version"}):
+        tables[table] = {
+            "columns": [(c["name"], str(c["type"]), c["nullable"], c.get("default")) for c in found.get_columns(table)],
+            "pk": found.get_pk_constraint(table)["constrained_columns"],
+            "unique": sorted(tuple(u["column_names"]) for u in found.get_unique_constraints(table)),
+            "indexes": sorted((i["name"], tuple(i["column_names"]), bool(i["unique"]))
+                              for i in found.get_indexes(table)),
+        }
+    return tables
+
+
+def revision(engine: Engine) -> frozenset[str]:
+    with engine.connect() as conn:
+        return migrations.current(conn)
+
+
+def fill(engine: Engine) -> None:
+    """Rows in every kind of column (JSON, interval, enum, aware timestamps), written through the models."""
+    with Session(engine) as s:
+        s.add(ApiKey(id="k1", org=ORG, name="ci", key_hash="h1", apps=["orders"]))
+        s.add(Application(id="a1", org=ORG, name="orders", executor_timeout=timedelta(seconds=5),
+                          gc_time_threshold=timedelta(days=7)))
+        s.add(Executor(org=ORG, app="orders", executor_id="e1", status=ExecutorStatus.DEAD,
+                       executor_metadata={"k": [1, 2]}))
+        s.add(AuditLog(id="l1", event_key="ev1", org=ORG, app="orders", operation="app.registered",
+                       details={"app": "orders"}))
+        s.commit()
+
+
+def check_filled(engine: Engine) -> None:
+    with Session(engine) as s:
+        assert [k.apps for k in s.exec(select(ApiKey)).all()] == [["orders"]]
+        app = s.exec(select(Application)).one()
+        assert (app.name, app.executor_timeout, app.gc_time_threshold) == ("orders", timedelta(seconds=5),
+                                                                           timedelta(days=7))
+        executor = s.exec(select(Executor)).one()
+        assert (executor.status, executor.executor_metadata) == (ExecutorStatus.DEAD, {"k": [1, 2]})
+        assert executor.created_at.tzinfo is not None
+        assert [a.event_key for a in s.exec(select(AuditLog)).all()] == ["ev1"]
+
+
+def legacy_create_all(url: str) -> None:
+    """A database as Relay made it before migrations: ``create_all``, no ``alembic_version``; filled with rows."""
+    engine = create_engine(url)
+    SQLModel.metadata.create_all(engine)
+    fill(engine)
+    engine.dispose()
+
+
+OPENER = """
+import sys
+from core.models import make_engine
+from core.store import Store
+print("ready", flush=True)
+sys.stdin.readline()
+store = Store(make_engine(sys.argv[1]))
+store.ping()
+store.ensure_app("local", "orders")
+store.engine.dispose()
+"""
+
+
+def open_at_once(url: str, processes: int) -> list[subprocess.CompletedProcess[str]]:
+    """``processes`` Python processes (gateways and workers starting together), each opening the store on ``url``
+    at the same moment (once every one has imported Relay, each is told to go), then registering one app."""
+    running = [subprocess.Popen([sys.executable, "-c", OPENER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True) for _ in range(processes)]
+    early: list[str] = []
+    for process in running:
+        assert process.stdout is not None
+        early.append("".join(iter(process.stdout.readline, "ready\n")))
+    for process in running:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    done = []
+    for before, process in zip(early, running, strict=True):
+        out, _ = process.communicate(timeout=120)
+        done.append(subprocess.CompletedProcess(process.args, process.returncode, before + out, None))
+    return done
+
+
+def test_migrations_on_an_empty_database_make_the_models_schema(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'relay.db'}")
+    assert schema_differences(engine) == []
+    assert revision(engine) == migrations.heads()
+    legacy = create_engine(f"sqlite:///{tmp_path / 'legacy.db'}")
+    SQLModel.metadata.create_all(legacy)
+    assert schema(engine) == schema(legacy)  # exactly what create_all made
+    legacy.dispose()
+    fill(engine)
+    check_filled(engine)
+    engine.dispose()
+
+
+def test_opening_again_is_a_no_op(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    make_engine(url).dispose()
+    engine = make_engine(url)
+    fill(engine)
+    engine.dispose()
+    engine = make_engine(url)
+    check_filled(engine)
+    assert revision(engine) == migrations.heads()
+    engine.dispose()
+
+
+def test_in_memory_database() -> None:
+    engine = make_engine("sqlite://")
+    assert schema_differences(engine) == []
+    engine.dispose()
+
+
+def test_a_database_made_by_create_all_is_adopted_with_its_rows(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    legacy_create_all(url)
+    engine = make_engine(url)
+    assert revision(engine) == migrations.heads()
+    assert schema_differences(engine) == []
+    check_filled(engine)
+    engine.dispose()
+
+
+def test_a_database_missing_a_later_table_is_completed(tmp_path: Path) -> None:
+    """Before migrations, ``create_all`` added tables to an existing database as Relay gained them
+    (``retentionstate`` came late): adoption creates the missing ones, and keeps the rest."""
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    legacy_create_all(url)
+    with create_engine(url).begin() as conn:
+        conn.execute(text("DROP TABLE retentionstate"))
+        conn.execute(text("DROP INDEX ix_auditlog_operation"))
+    engine = make_engine(url)
+    assert schema_differences(engine) == []
+    check_filled(engine)
+    engine.dispose()
+
+
+def test_processes_migrating_one_new_database_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    results = open_at_once(url, 6)
+    assert [r.returncode for r in results] == [0] * 6, "\n".join(r.stdout for r in results)
+    engine = make_engine(url)
+    assert revision(engine) == migrations.heads()
+    assert schema_differences(engine) == []
+    with Session(engine) as s:
+        assert len(s.exec(select(Application)).all()) == 1
+    engine.dispose()
+
+
+def _migrate(url: str, go: Any) -> None:
+    go.wait(60)
+    make_engine(url).dispose()
+
+
+def test_processes_adopting_one_legacy_database_at_once(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'relay.db'}"
+    legacy_create_all(url)
+    spawn = multiprocessing.get_context("spawn")
+    go = spawn.Event()
+    processes = [spawn.Process(target=_migrate, args=(url, go)) for _ in range(4)]
+    for process in processes:
+        process.start()
+    time.sleep(3)  # their imports
+    go.set()
+    for process in processes:
+        process.join(120)
+    assert [p.exitcode for p in processes] == [0] * 4
+    engine = make_engine(url)
+    assert revision(engine) == migrations.heads()
+    check_filled(engine)
+    engine.dispose()
+
+
+def test_the_scripts_ship_inside_the_package() -> None:
+    """Alembic finds the revisions next to the installed ``core.migrations`` (package data, not the checkout)."""
+    assert (migrations.SCRIPT_LOCATION / "env.py").is_file()
+    assert (migrations.SCRIPT_LOCATION / "script.py.mako").is_file()
+    assert migrations.heads() == frozenset({"0001"})
