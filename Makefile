@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test check lint openapi bench clean system-deps
+.PHONY: run test test-sdk check lint openapi bench clean system-deps
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -26,10 +26,34 @@ system-deps:
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get install -y -q postgresql || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q postgresql; }; }
 
-test: $(STAMP) system-deps
+# The TypeScript executor of the end-to-end tests (@dbos-inc/dbos-sdk, pinned in its package-lock.json), installed
+# once from the npm registry; Node >= 20 and npm must be on PATH.
+TS_EXECUTOR := tests/executors/typescript
+TS_STAMP := $(TS_EXECUTOR)/node_modules/.installed
+
+$(TS_STAMP): $(TS_EXECUTOR)/package.json $(TS_EXECUTOR)/package-lock.json
+	cd $(TS_EXECUTOR) && npm ci --no-audit --no-fund
+	touch $(TS_STAMP)
+
+# The Go executor of the end-to-end tests (github.com/dbos-inc/dbos-transact-golang, pinned in its go.mod/go.sum),
+# built once from the Go module proxy; Go >= 1.25 must be on PATH.
+GO_EXECUTOR := tests/executors/go
+GO_BIN := $(GO_EXECUTOR)/bin/executor
+
+$(GO_BIN): $(GO_EXECUTOR)/main.go $(GO_EXECUTOR)/go.mod $(GO_EXECUTOR)/go.sum
+	cd $(GO_EXECUTOR) && GOFLAGS=-mod=readonly GOTOOLCHAIN=local go build -o bin/executor .
+
+test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(PY) -m pytest -q
+
+# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|python` (tests/e2e/test_sdk_$(SDK).py; the
+# Python SDK's are the recovery and liveness end-to-end tests, which run dbos==3.2.0 executors).
+SDK ?= python
+SDK_TESTS = $(if $(filter python,$(SDK)),tests/e2e/test_recovery.py tests/e2e/test_liveness.py,tests/e2e/test_sdk_$(SDK).py)
+test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN)
+	$(PY) -m pytest -q -s $(SDK_TESTS)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
 # system packages, the tests spread over every core.
