@@ -21,6 +21,7 @@ from tests.support import VENV_BIN, Process, Relay, audit_rows, healthy, relay_e
 pytestmark = pytest.mark.e2e
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
 GRACE = 4.0
+LATE_SLACK = 3.0
 
 
 @pytest.fixture
@@ -64,7 +65,9 @@ def test_a_clock_jump_mid_grace_changes_nothing(skewed: tuple[Relay, Path], jump
     offset.write_text(f"{jump}\n")  # Relay's host clock jumps, mid-grace
     dead = wait_until(lambda: relay.executors("skewed-app").get("skewed-1") == "DEAD", timeout=GRACE + 10,
                       interval=0.05, what="DEAD")
-    assert GRACE - 0.5 <= dead - closed <= GRACE + 2.0, dead - closed  # neither early nor late
+    # Neither early nor late (a jump would be off by two hours). The slack covers the registry writes, the REST
+    # polling, and the fence's probe to the gateway before DEAD, on a loaded machine.
+    assert GRACE - 0.5 <= dead - closed <= GRACE + LATE_SLACK, dead - closed
     # The jump did reach Relay: the worker stamped the DEAD audit row with its skewed clock.
     [stamp] = [r.emit_time for r in audit_rows(relay.data_dir, "skewed-app", "skewed-1")
                if r.operation == "executor.dead"]
