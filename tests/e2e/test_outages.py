@@ -643,7 +643,7 @@ class DbosExecutors:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-def test_dbos_executors_through_a_temporal_freeze(cluster: Cluster) -> None:
+def test_real_sdk_executors_through_a_temporal_freeze(cluster: Cluster) -> None:
     """Real dbos==3.2.0 executors: A runs a workflow through a 10 s Temporal freeze and stays; C runs another and
     is SIGKILLed mid-freeze; B idles. Afterwards C's workflow is recovered once (by A or B), A's never, and no
     step ran twice except the one C was in when killed: no workflow ran on two executors at once."""
