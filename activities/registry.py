@@ -35,7 +35,7 @@ T = TypeVar("T")
 # The failure type of an attempt that found the database away; retried like any failure (never non-retryable).
 DATABASE_UNAVAILABLE = "DatabaseUnavailable"
 # While the database is away, say so in the log at most this often (every workflow's activity retries meanwhile).
-OUTAGE_LOG_EVERY_S = 30.0
+OUTAGE_LOG_EVERY = timedelta(seconds=30)
 
 
 class RegistryActivities:
@@ -52,7 +52,7 @@ class RegistryActivities:
         database is back, and each write lands once by its event key, so nothing is lost or doubled.
 
         BENIGN: the SDK logs such a failure at DEBUG, not a traceback per attempt per workflow; this class logs
-        one line when the outage starts (and every ``OUTAGE_LOG_EVERY_S`` while it lasts) and one when it ends.
+        one line when the outage starts (and every ``OUTAGE_LOG_EVERY`` while it lasts) and one when it ends.
         """
         try:
             result = await asyncio.to_thread(fn, *args, **kwargs)
@@ -72,7 +72,7 @@ class RegistryActivities:
         now = time.monotonic()
         if self._down_since is None:
             self._down_since = now
-        elif now - self._reported_at < OUTAGE_LOG_EVERY_S:
+        elif now - self._reported_at < OUTAGE_LOG_EVERY.total_seconds():
             return
         self._reported_at = now
         log.warning("database unavailable for %.1f s, database activities retrying: %s", now - self._down_since,

@@ -104,14 +104,33 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _fence_before_gone(self) -> Settings:
-        if self.gateway_fence_secs is not None and self.gateway_fence_secs >= self.gateway_heartbeat_timeout_secs:
-            raise ValueError("RELAY_GATEWAY_FENCE_SECS must be shorter than RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS "
-                             "(a gateway cut off from Temporal must fence itself before it can be declared gone)")
+        if self.gateway_fenced_by >= self.gateway_heartbeat_timeout:
+            raise ValueError(
+                "RELAY_GATEWAY_FENCE_SECS plus the contact check's own lag (one check interval and one check's "
+                f"timeout: {(self.gateway_fenced_by - self.gateway_fence).total_seconds():g} s) must be shorter "
+                "than RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS: a gateway cut off from Temporal must have closed its "
+                "sockets before it can be declared gone")
         return self
 
     @property
+    def gateway_contact_check(self) -> timedelta:
+        """How often a gateway checks Temporal, and how long one check may take (at least half a second: a
+        healthy server answers in milliseconds, a frozen one never)."""
+        return min(timedelta(seconds=1), self.gateway_fence / 3)
+
+    @property
+    def gateway_contact_check_timeout(self) -> timedelta:
+        return min(max(self.gateway_contact_check, timedelta(milliseconds=500)), self.gateway_fence / 2)
+
+    @property
+    def gateway_fenced_by(self) -> timedelta:
+        """How long after its last good check a cut-off gateway has closed its sockets, at the latest: the fence
+        time, then the next check to notice it (one interval and one check's timeout)."""
+        return self.gateway_fence + self.gateway_contact_check + self.gateway_contact_check_timeout
+
+    @property
     def gateway_fence(self) -> timedelta:
-        return units.seconds_to_timedelta(self.gateway_fence_secs or 0.8 * self.gateway_heartbeat_timeout_secs)
+        return units.seconds_to_timedelta(self.gateway_fence_secs or 0.5 * self.gateway_heartbeat_timeout_secs)
 
     @property
     def gateway_heartbeat_timeout(self) -> timedelta:

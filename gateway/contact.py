@@ -86,11 +86,8 @@ class Contact:
     state: ContactState
     target: str
     every: timedelta = timedelta(seconds=1)
-
-    @property
-    def timeout(self) -> timedelta:
-        # A frozen server (SIGSTOP) answers nothing: a check must fail on its own, well within the fence time.
-        return min(max(self.every, timedelta(milliseconds=500)), self.state.fence_after / 2)
+    # A frozen server (SIGSTOP) answers nothing: a check must fail on its own, well within the fence time.
+    timeout: timedelta = timedelta(seconds=1)
 
     async def _check(self) -> str | None:
         """None when Temporal answered; otherwise why not. A quick failure is tried once more: the server closes

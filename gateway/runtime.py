@@ -83,10 +83,10 @@ class Gateway:
 
     def contact(self) -> Contact:
         """The loop that checks Temporal; run it with ``contact().running()`` for the gateway's lifetime."""
-        every = min(timedelta(seconds=1), self.settings.gateway_fence / 3)
-        return Contact(check=lambda: self.client.service_client.check_health(timeout=every),
-                       on_change=self._on_contact_change, state=self.contact_state,
-                       target=self.settings.temporal_target, every=every)
+        settings = self.settings
+        return Contact(check=lambda: self.client.service_client.check_health(),
+                       on_change=self._on_contact_change, state=self.contact_state, target=settings.temporal_target,
+                       every=settings.gateway_contact_check, timeout=settings.gateway_contact_check_timeout)
 
     async def _on_contact_change(self, change: Change) -> None:
         if change is Change.FENCED:

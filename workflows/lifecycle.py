@@ -481,7 +481,8 @@ class ExecutorLifecycleWorkflow:
         if workflow.patched(LOCAL_DB_PATCH):
             return await workflow.execute_local_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
                                                          retry_policy=DB_RETRY)
-        return await workflow.execute_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
+        return await workflow.execute_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                               retry_policy=DB_RETRY)
 
     def _describe(self, note: str) -> None:
         """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""

@@ -60,7 +60,7 @@ from tests.support import (
 )
 
 HEARTBEAT_SECS = 2.0  # RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS: the watch's heartbeat and the probe's timeout
-FENCE_SECS = 1.5  # RELAY_GATEWAY_FENCE_SECS: shorter than heartbeat + probe
+FENCE_SECS = 0.8  # RELAY_GATEWAY_FENCE_SECS: with the contact check's lag (0.67 s), under the heartbeat
 GRACE_SECS = 3  # the apps' executorTimeoutSecs
 RECOVERY_TIMEOUT_SECS = 3
 FENCE_CLOSE_CODE = 1012
@@ -431,7 +431,7 @@ def _settle(findings: list[str], observed: Observed, *, timeout: float = 45) -> 
 
 # -- Temporal frozen ------------------------------------------------------------------------------------------------
 
-FREEZE_SECS = 10.0  # longer than heartbeat (2), fence (1.5), grace (3), and the old signal retries' first attempts
+FREEZE_SECS = 10.0  # longer than heartbeat (2), fence (0.8), grace (3), and the old signal retries' first attempts
 
 
 @pytest.mark.e2e

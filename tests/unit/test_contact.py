@@ -114,7 +114,8 @@ async def test_a_hanging_check_counts_as_a_failure() -> None:
         pass
 
     state = ContactState(fence_after=timedelta(seconds=2))
-    contact = Contact(check=hang, on_change=ignore, state=state, target="t", every=timedelta(milliseconds=100))
+    contact = Contact(check=hang, on_change=ignore, state=state, target="t", every=timedelta(milliseconds=100),
+                      timeout=timedelta(milliseconds=500))
     await contact.once()
     assert not state.in_contact and "TimeoutError" in state.reason
 
@@ -212,3 +213,17 @@ async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is
     await gateway.drain()
     assert sorted(resent) == [("old-conn", "c-new"), ("unknown", "c-unknown"), ("wrongly-gone", "c-wrong")]
     assert disconnected == [("left", "c-left")]
+
+
+@pytest.mark.parametrize("heartbeat", [0.5, 2, 10, 60])
+def test_the_default_fence_closes_sockets_before_the_gateway_can_be_declared_gone(tmp_path: Path,
+                                                                                  heartbeat: float) -> None:
+    settings = Settings(data_dir=tmp_path, gateway_heartbeat_timeout_secs=heartbeat)
+    assert settings.gateway_fenced_by < settings.gateway_heartbeat_timeout
+
+
+def test_a_fence_that_would_trip_after_the_probe_timeout_is_refused(tmp_path: Path) -> None:
+    """Fence 9.5 s, heartbeat 10 s: the check that notices it comes up to 2 s later, after the probe's 10 s."""
+    with pytest.raises(ValueError, match="must be shorter"):
+        Settings(data_dir=tmp_path, gateway_heartbeat_timeout_secs=10, gateway_fence_secs=9.5)
+    Settings(data_dir=tmp_path, gateway_heartbeat_timeout_secs=10, gateway_fence_secs=7.5)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import multiprocessing
 import subprocess
 import sys
-import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -103,19 +102,32 @@ def open_at_once(url: str, processes: int) -> list[subprocess.CompletedProcess[s
     at the same moment (once every one has imported Relay, each is told to go), then registering one app."""
     running = [subprocess.Popen([sys.executable, "-c", OPENER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True) for _ in range(processes)]
-    early: list[str] = []
-    for process in running:
-        assert process.stdout is not None
-        early.append("".join(iter(process.stdout.readline, "ready\n")))
-    for process in running:
-        assert process.stdin is not None
-        process.stdin.write("go\n")
-        process.stdin.flush()
-    done = []
-    for before, process in zip(early, running, strict=True):
-        out, _ = process.communicate(timeout=120)
-        done.append(subprocess.CompletedProcess(process.args, process.returncode, before + out, None))
-    return done
+    try:
+        early: list[str] = []
+        for process in running:
+            assert process.stdout is not None
+            lines = []
+            for line in process.stdout:  # until "ready", or the end of its output if it died before that
+                if line == "ready\n":
+                    break
+                lines.append(line)
+            else:
+                raise AssertionError(f"a process exited before it was ready: {''.join(lines)}")
+            early.append("".join(lines))
+        for process in running:
+            assert process.stdin is not None
+            process.stdin.write("go\n")
+            process.stdin.flush()
+        done = []
+        for before, process in zip(early, running, strict=True):
+            out, _ = process.communicate(timeout=120)
+            done.append(subprocess.CompletedProcess(process.args, process.returncode, before + out, None))
+        return done
+    finally:
+        for process in running:  # stopped by PID whatever happened above
+            if process.poll() is None:
+                process.kill()
+                process.wait()
 
 
 def test_migrations_on_an_empty_database_make_the_models_schema(tmp_path: Path) -> None:
@@ -185,7 +197,8 @@ def test_processes_migrating_one_new_database_at_once(tmp_path: Path) -> None:
     engine.dispose()
 
 
-def _migrate(url: str, go: Any) -> None:
+def _migrate(url: str, ready: Any, go: Any) -> None:
+    ready.set()  # imported: the parent lets every process go at once
     go.wait(60)
     make_engine(url).dispose()
 
@@ -195,14 +208,21 @@ def test_processes_adopting_one_legacy_database_at_once(tmp_path: Path) -> None:
     legacy_create_all(url)
     spawn = multiprocessing.get_context("spawn")
     go = spawn.Event()
-    processes = [spawn.Process(target=_migrate, args=(url, go)) for _ in range(4)]
-    for process in processes:
-        process.start()
-    time.sleep(3)  # their imports
-    go.set()
-    for process in processes:
-        process.join(120)
-    assert [p.exitcode for p in processes] == [0] * 4
+    readies = [spawn.Event() for _ in range(4)]
+    processes = [spawn.Process(target=_migrate, args=(url, ready, go)) for ready in readies]
+    try:
+        for process in processes:
+            process.start()
+        assert all(ready.wait(60) for ready in readies), "a process never got ready"
+        go.set()
+        for process in processes:
+            process.join(120)
+        assert [p.exitcode for p in processes] == [0] * 4
+    finally:
+        for process in processes:  # stopped by PID whatever happened above
+            if process.is_alive():
+                process.kill()
+                process.join()
     engine = make_engine(url)
     assert revision(engine) == migrations.heads()
     check_filled(engine)
