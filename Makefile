@@ -43,17 +43,26 @@ GO_BIN := $(GO_EXECUTOR)/bin/executor
 $(GO_BIN): $(GO_EXECUTOR)/main.go $(GO_EXECUTOR)/go.mod $(GO_EXECUTOR)/go.sum
 	cd $(GO_EXECUTOR) && GOFLAGS=-mod=readonly GOTOOLCHAIN=local go build -o bin/executor .
 
-test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN)
+# The Java executor of the end-to-end tests (dev.dbos:transact, pinned in its pom.xml with every plugin), built once
+# from Maven Central into one self-contained jar (java -jar $(JAVA_JAR)); JDK >= 17 and Maven must be on PATH.
+JAVA_EXECUTOR := tests/executors/java
+JAVA_JAR := $(JAVA_EXECUTOR)/target/executor.jar
+
+$(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/relay/executor/*.java) \
+		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
+	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
+
+test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(PY) -m pytest -q
 
-# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|python` (tests/e2e/test_sdk_$(SDK).py; the
-# Python SDK's are the recovery and liveness end-to-end tests, which run dbos==3.2.0 executors).
+# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python` (tests/e2e/test_sdks.py for that
+# SDK; for Python also its own recovery and liveness end-to-end tests, which run dbos==3.2.0 executors).
 SDK ?= python
-SDK_TESTS = $(if $(filter python,$(SDK)),tests/e2e/test_recovery.py tests/e2e/test_liveness.py,tests/e2e/test_sdk_$(SDK).py)
-test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN)
-	$(PY) -m pytest -q -s $(SDK_TESTS)
+SDK_TESTS = tests/e2e/test_sdks.py $(if $(filter python,$(SDK)),tests/e2e/test_recovery.py tests/e2e/test_liveness.py)
+test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
+	$(PY) -m pytest -q -s --sdk=$(SDK) $(SDK_TESTS)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
 # system packages, the tests spread over every core.

@@ -28,6 +28,11 @@ class DropTestServerNoise(logging.Filter):
         return TEST_SERVER_NOISE not in record.getMessage()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--sdk", action="append", default=[], choices=["python", "typescript", "go", "java"],
+                     help="tests/e2e/test_sdks.py: run this SDK's executors only (repeatable; default: all)")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """Before any Temporal client or worker exists in this process (each keeps the runtime it was made with):
     the SDK core's logs go through Python logging, as in Relay's processes (``core.logs``), instead of straight

@@ -162,6 +162,9 @@ class Generator:
         with contextlib.suppress(Exception):
             self.call("quit")
         self.proc.stop(timeout=10)
+        for pipe in (self.proc.popen.stdin, self.proc.popen.stdout):
+            if pipe is not None:
+                pipe.close()
 
 
 # -- a Relay stack -----------------------------------------------------------------------------------------

@@ -2,8 +2,11 @@
 // run as a subprocess; the Go counterpart of tests/executor_app.py.
 //
 // Environment: RELAY_URL (the conductor URL, ws://host:port/), RELAY_KEY, APP_NAME, APP_VERSION (default v1),
-// SYS_DB (SQLite system database path), STEP_LOG (file that each step appends "<executor id> <step>" to),
-// STEP_SECONDS (default 0.3), EXECUTOR_METADATA (a JSON object, sent as executor_metadata), and START_WORKFLOW (a workflow id to start once the file START_WORKFLOW_WHEN exists).
+// SYS_DB (SQLite system database path), STEP_LOG (file that each step appends "<pid> <step>" to), STEP_SECONDS
+// (default 0.3), EXECUTOR_METADATA (a JSON object, sent as executor_metadata), and START_WORKFLOW (a workflow id to
+// start once the file START_WORKFLOW_WHEN exists). For retention tests: FINISHED_WORKFLOWS (comma-separated
+// workflow ids run to completion at launch) and PENDING_WORKFLOWS (comma-separated ids started at launch that
+// wait, PENDING, for an hour).
 package main
 
 import (
@@ -13,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -27,6 +31,16 @@ func env(name, fallback string) string {
 		return v
 	}
 	return fallback
+}
+
+func ids(name string) []string {
+	var out []string
+	for _, id := range strings.Split(os.Getenv(name), ",") {
+		if id != "" {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 func must(err error) {
@@ -64,7 +78,7 @@ func main() {
 				return 0, err
 			}
 			defer f.Close()
-			_, err = fmt.Fprintf(f, "%s %d\n", executorID, i)
+			_, err = fmt.Fprintf(f, "%d %d\n", os.Getpid(), i)
 			return i, err
 		}
 	}
@@ -79,9 +93,23 @@ func main() {
 		}
 		return sum, nil
 	}
+	finishes := func(ctx dbos.Context, _ string) (string, error) { return "done", nil }
+	waits := func(ctx dbos.Context, _ string) (time.Duration, error) { return dbos.Sleep(ctx, time.Hour) }
 	dbos.RegisterWorkflow(ctx, twentySteps, dbos.WithWorkflowName("twenty_steps"))
+	dbos.RegisterWorkflow(ctx, finishes, dbos.WithWorkflowName("finishes"))
+	dbos.RegisterWorkflow(ctx, waits, dbos.WithWorkflowName("waits"))
 	must(dbos.Launch(ctx))
 	fmt.Println("executor", executorID, "launched")
+	for _, id := range ids("FINISHED_WORKFLOWS") {
+		handle, err := dbos.RunWorkflow(ctx, finishes, "", dbos.WithWorkflowID(id))
+		must(err)
+		_, err = handle.GetResult()
+		must(err)
+	}
+	for _, id := range ids("PENDING_WORKFLOWS") {
+		_, err := dbos.RunWorkflow(ctx, waits, "", dbos.WithWorkflowID(id))
+		must(err)
+	}
 
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)

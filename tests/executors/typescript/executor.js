@@ -4,7 +4,9 @@
 // Environment: RELAY_URL (the conductor URL), RELAY_KEY, APP_NAME, APP_VERSION, SYS_DB_URL (a PostgreSQL URL:
 // the TypeScript SDK's system database is PostgreSQL only), STEP_LOG (a file each step appends "<pid> <step>"
 // to), STEP_SECONDS, EXECUTOR_METADATA (a JSON object sent in executor_info), and START_WORKFLOW (a workflow id
-// to start once the file START_WORKFLOW_WHEN exists).
+// to start once the file START_WORKFLOW_WHEN exists). For retention tests: FINISHED_WORKFLOWS (comma-separated
+// workflow ids run to completion at launch) and PENDING_WORKFLOWS (comma-separated ids started at launch that
+// wait, PENDING, for an hour).
 'use strict';
 
 const fs = require('node:fs');
@@ -36,12 +38,25 @@ async function twentyStepsBody() {
 }
 const twentySteps = DBOS.registerWorkflow(twentyStepsBody, { name: 'twenty_steps' });
 
+const finishes = DBOS.registerWorkflow(async () => 'done', { name: 'finishes' });
+const waits = DBOS.registerWorkflow(async () => DBOS.sleep(3600 * 1000), { name: 'waits' });
+
+function ids(name) {
+  return (env[name] || '').split(',').filter((id) => id);
+}
+
 async function main() {
   await DBOS.launch({
     conductorURL: env.RELAY_URL,
     conductorKey: env.RELAY_KEY,
     conductorExecutorMetadata: env.EXECUTOR_METADATA ? JSON.parse(env.EXECUTOR_METADATA) : undefined,
   });
+  for (const workflowID of ids('FINISHED_WORKFLOWS')) {
+    await (await DBOS.startWorkflow(finishes, { workflowID })()).getResult();
+  }
+  for (const workflowID of ids('PENDING_WORKFLOWS')) {
+    await DBOS.startWorkflow(waits, { workflowID })();
+  }
   const workflowID = env.START_WORKFLOW;
   if (workflowID) {
     while (!fs.existsSync(env.START_WORKFLOW_WHEN)) {
