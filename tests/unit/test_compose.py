@@ -92,6 +92,9 @@ def test_relay_services_use_the_stack(services: dict[str, dict[str, Any]], name:
     assert (temporal_host, temporal_port) == ("temporal", "7233")
     assert re.fullmatch(r"postgresql\+psycopg://[^@]+@postgresql(:5432)?/\w+", env["RELAY_DATABASE_URL"])
     assert name.removeprefix("relay-") in services[name]["command"]
+    # PostgreSQL's driver comes with Relay's own `postgres` extra, not a pin of its own.
+    installs = [line for line in services[name]["entrypoint"][2].splitlines() if "pip install" in line]
+    assert len(installs) == 1 and installs[0].endswith("'/tmp/relay[postgres]'"), installs
 
 
 def unknown_relay_variables(text: str) -> set[str]:
