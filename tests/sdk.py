@@ -3,7 +3,7 @@
 Every executor app (``tests/executor_app.py`` for Python, ``tests/executors/<language>/`` for the others, built by
 ``make test``) reads the same environment: RELAY_URL, RELAY_KEY, APP_NAME, APP_VERSION, its system database
 (SYS_DB, a SQLite path, or SYS_DB_URL, a PostgreSQL URL), STEP_LOG (each step of ``twenty_steps`` appends
-``"<pid> <step>"``), STEP_SECONDS, EXECUTOR_METADATA (not Python), START_WORKFLOW / START_WORKFLOW_WHEN, and for
+``"<pid> <step>"``), STEP_SECONDS, EXECUTOR_METADATA, START_WORKFLOW / START_WORKFLOW_WHEN, and for
 retention FINISHED_WORKFLOWS and PENDING_WORKFLOWS. The SDK's own tables are the same in each but live in schema
 ``dbos`` on PostgreSQL.
 """
@@ -100,7 +100,6 @@ class Sdk:
     name: str
     version: str  # its dbos_version, as the executor reports it
     postgres_only: bool  # its system database: PostgreSQL only, or a SQLite file
-    metadata: bool  # whether the app passes EXECUTOR_METADATA on
     pong_timeout: timedelta  # how long its client waits for the pong to its own ping before dropping the socket
     command: Callable[[], list[str]]
     cwd: Path | None = None
@@ -156,17 +155,14 @@ def _java() -> list[str]:
 # Pong timeouts as read in each SDK's conductor client: Python's, TypeScript's and Java's 15 s (TypeScript counts
 # any message as life), Go's 30 s read deadline extended by pongs only.
 SDKS = {
-    "python": Sdk("python", "3.2.0", postgres_only=False, metadata=False, pong_timeout=timedelta(seconds=15),
+    "python": Sdk("python", "3.2.0", postgres_only=False, pong_timeout=timedelta(seconds=15),
                   command=_python),
-    "typescript": Sdk("typescript", "5.2.11", postgres_only=True, metadata=True, pong_timeout=timedelta(seconds=15),
+    "typescript": Sdk("typescript", "5.2.11", postgres_only=True, pong_timeout=timedelta(seconds=15),
                       command=_typescript, cwd=EXECUTORS / "typescript"),
-    "go": Sdk("go", "v1.5.0", postgres_only=False, metadata=True, pong_timeout=timedelta(seconds=30), command=_go),
-    "java": Sdk("java", "1.1.0-m6", postgres_only=True, metadata=True, pong_timeout=timedelta(seconds=15),
+    "go": Sdk("go", "v1.5.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go),
+    "java": Sdk("java", "1.1.0-m6", postgres_only=True, pong_timeout=timedelta(seconds=15),
                 command=_java),
 }
-# The SDKs the per-language suite (tests/e2e/test_sdks.py) covers; Python's own end-to-end tests are the rest of
-# tests/e2e, and it joins only the connect storm.
-OTHER_SDKS = ["typescript", "go", "java"]
 
 
 def steps_by_pid(log: Path) -> dict[int, list[int]]:

@@ -1,7 +1,7 @@
-"""Every DBOS SDK end to end: real TypeScript, Go and Java executors (``tests/sdk.py``; built by `make test`)
-against `relay dev`, proven the way the Python ones are in the rest of tests/e2e. Each test runs once per SDK
-(``--sdk NAME`` picks some: `make test-sdk SDK=go`). TypeScript and Java keep their system database on a private
-PostgreSQL cluster (they support no other), Go on SQLite (its pure-Go driver).
+"""Every DBOS SDK end to end: real Python, TypeScript, Go and Java executors (``tests/sdk.py``; built by `make
+test`) against `relay dev`, each proven the same way. Each test runs once per SDK (``--sdk NAME`` picks some:
+`make test-sdk SDK=go`); the rest of tests/e2e runs Python executors through everything else. TypeScript and
+Java keep their system database on a private PostgreSQL cluster (they support no other), Python and Go on SQLite.
 
 Shortened timings: ping wait 2 s, a server ping every 0.5 s, a 3 s grace between DISCONNECTED and DEAD. The
 connect storm runs on Relay's defaults instead: what it holds up is each client's own pong timeout.
@@ -24,7 +24,7 @@ import pytest
 from tests.bench.common import Generator
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.retention import app_result, pause_schedule, trigger_round
-from tests.sdk import OTHER_SDKS, SDKS, Sdk, SystemDatabase, steps_by_pid
+from tests.sdk import SDKS, Sdk, SystemDatabase, steps_by_pid
 from tests.support import Process, Relay, audit_rows_at, relay_env, start_relay, wait_recorded, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -39,9 +39,8 @@ MINUTE_MS = 60_000
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """``sdk``: each SDK of the per-language suite, or those named by ``--sdk``."""
     if "sdk" in metafunc.fixturenames:
-        chosen = metafunc.config.getoption("sdk") or OTHER_SDKS
-        metafunc.parametrize("sdk", [SDKS[name] for name in chosen if name in OTHER_SDKS],
-                             ids=lambda s: str(s.name))
+        chosen = metafunc.config.getoption("sdk") or list(SDKS)
+        metafunc.parametrize("sdk", [SDKS[name] for name in chosen], ids=lambda s: str(s.name))
 
 
 @pytest.fixture(scope="module")
@@ -248,11 +247,11 @@ STORM_WAVE = 150  # fake executors connected, then dropped, again and again
 
 def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.TempPathFactory,
                                                    request: pytest.FixtureRequest) -> None:
-    """Real executors of each SDK chosen (and Python's) stay connected for three times the longest of their own
+    """Real executors of each SDK chosen stay connected for three times the longest of their own
     pong timeouts while fake executors connect and drop on the same gateway as fast as it lets them: Relay answers
     their pings promptly however busy it is, so no client drops its socket (Go and Java drop one whose pong is late
     even while messages flow). The gateway runs Relay's default liveness timings here."""
-    chosen = [SDKS[name] for name in (request.config.getoption("sdk") or ["python", *OTHER_SDKS])]
+    chosen = [SDKS[name] for name in (request.config.getoption("sdk") or list(SDKS))]
     hold = 3 * max(sdk.pong_timeout for sdk in chosen)
     data_dir = tmp_path_factory.mktemp("storm-relay")
     relay = start_relay(data_dir, relay_env(data_dir))
