@@ -56,7 +56,9 @@ def problem(status: int, title: str, detail: str, errors: list[dict[str, Any]] |
 
 
 def relay_problem(err: RelayError) -> JSONResponse:
-    return problem(err.status, err.title, err.detail)
+    tried = getattr(err, "tried", None)  # a management request: the executors it was sent to, in order
+    errors = [{"location": "executors", "message": "executors tried", "value": tried}] if tried else None
+    return problem(err.status, err.title, err.detail, errors)
 
 
 _REF = {"$ref": "#/components/schemas/ErrorModel"}

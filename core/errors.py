@@ -9,7 +9,10 @@ mapping lives here and nowhere else::
     ├── ProtocolError                     1002   an executor reply that breaks the protocol
     │   └── IdentityError                 1008   an executor identity Temporal would refuse: permanent
     ├── ExecutorUnavailableError    503          no socket for that executor here, or it closed
+    │   └── NoExecutorError         503          no HEALTHY executor can take an operator's request
     ├── ExecutorTimeoutError        502          the executor did not answer in time
+    │   └── ExecutorsFailedError    502          every executor tried for an operator's request failed
+    ├── ExecutorRefusedError        409          the executor refused the request (metadata-only mode, ...)
     ├── TemporalUnavailableError    503          Temporal did not take a signal, after retries
     ├── ServiceUnavailableError     503 / 1013   a dependency (database, Temporal) is away for now: retry later
     └── RateLimitedError            429 / 1008   too many connections or handshakes for one key
@@ -86,6 +89,34 @@ class ExecutorTimeoutError(RelayError):
 
     status = 502
     title = "Bad Gateway"
+
+
+class NoExecutorError(ExecutorUnavailableError):
+    """An operator's request (workflow management) found no HEALTHY executor of the app to carry it."""
+
+    def __init__(self, detail: str, *, tried: list[str] | None = None) -> None:
+        super().__init__(detail)
+        self.tried = tried or []
+
+
+class ExecutorsFailedError(ExecutorTimeoutError):
+    """Every executor an operator's request was sent to failed or timed out; ``tried`` names them in order."""
+
+    def __init__(self, detail: str, *, tried: list[str]) -> None:
+        super().__init__(detail)
+        self.tried = tried
+
+
+class ExecutorRefusedError(RelayError):
+    """The executor answered that it will not do this (an executor in metadata-only mode refuses to move workflow
+    data, for one); asking another executor of the same app would get the same answer."""
+
+    status = 409
+    title = "Conflict"
+
+    def __init__(self, detail: str, *, executor_id: str) -> None:
+        super().__init__(detail)
+        self.executor_id = executor_id
 
 
 class TemporalUnavailableError(RelayError):

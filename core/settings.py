@@ -68,6 +68,14 @@ class Settings(BaseSettings):
     header_timeout_secs: float = Field(default=5, gt=0)
     max_request_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     recovery_timeout_secs: float = Field(default=60, gt=0)
+    # Workflow management (an operator's request carried to an executor): how long one executor has to answer;
+    # how large its reply may be (replies to Relay's own requests only: anything else stays under
+    # RELAY_MAX_MESSAGE_BYTES); how many workflows one bulk operation may name or match; and how many bulk
+    # operations an app takes per minute.
+    management_timeout_secs: float = Field(default=30, gt=0)
+    max_reply_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    bulk_max_workflows: int = Field(default=1000, ge=1)
+    bulk_operations_per_minute: int = Field(default=30, ge=1)
 
     @field_validator("data_dir")
     @classmethod
@@ -101,6 +109,10 @@ class Settings(BaseSettings):
     @property
     def retention_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.retention_interval_secs)
+
+    @property
+    def management_timeout(self) -> timedelta:
+        return units.seconds_to_timedelta(self.management_timeout_secs)
 
     @model_validator(mode="after")
     def _fence_before_gone(self) -> Settings:

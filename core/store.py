@@ -228,6 +228,13 @@ class Store:
                 s.refresh(row)
             return row, cross
 
+    def management_candidates(self, org: str, app: str) -> tuple[list[Executor], set[str]]:
+        """The app's routable HEALTHY executors, and the ids of those a recovery is on (claimed peers)."""
+        with Session(self.engine) as s:
+            claims = s.exec(select(RecoveryClaim.candidate_id).where(RecoveryClaim.org == org,
+                                                                      RecoveryClaim.app == app)).all()
+            return _routable(s, org, app), set(claims)
+
     def executor_counts(self, org: str) -> Counter[tuple[str, str, str]]:
         """The org's registry rows counted by ``(org, app, status)``."""
         with Session(self.engine) as s:

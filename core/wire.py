@@ -52,9 +52,16 @@ class RetentionReply(_Reply):
 
 
 class OtherReply(_Reply):
-    """Any other type: kept so its ``request_id`` can still complete a waiting request."""
+    """Any other type: kept, with every field, so its ``request_id`` can still complete a waiting request and a
+    management request gets the whole reply (``body()``)."""
+
+    model_config = ConfigDict(extra="allow")
 
     type: str
+
+    def body(self) -> dict[str, Any]:
+        """The reply without ``type`` and ``request_id``."""
+        return {"error_message": self.error_message, **(self.model_extra or {})}
 
 
 Reply = Annotated[ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply | RetentionReply,
@@ -85,6 +92,11 @@ def parse_reply(
         # Clipped: the reason is logged and audited for every malformed frame, and the frame may be megabytes.
         raise ProtocolError(f"{data.get('type')!s:.{TYPE_MAX}} reply: {where}: {first['msg']}"[:REASON_MAX],
                             request_id=request_id if isinstance(request_id, str) else None) from None
+
+
+def management_request(kind: str, request_id: str, fields: dict[str, Any]) -> str:
+    """An operator's request (``list_workflows``, ``cancel``, ...): its fields as the REST layer built them."""
+    return json.dumps({**fields, "type": kind, "request_id": request_id})
 
 
 def executor_info_request(request_id: str) -> str:

@@ -12,12 +12,14 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from core import wire
-from core.errors import RelayError
+from core.errors import ExecutorTimeoutError, ExecutorUnavailableError, ProtocolError, RelayError
 from gateway.hub import Hub
+from gateway.management import pack, reply_body
 from gateway.session import Reply
 from workflows.contracts.common import Activity
 from workflows.contracts.gateway_watch import HoldGatewayInput, ProbeGatewayInput, ProbeGatewayReply
 from workflows.contracts.lifecycle import DispatchRecoveryInput, ExistPendingInput, ExistPendingReply, RecoveryReply
+from workflows.contracts.management import ExecutorRequestInput, ExecutorRequestReply, Failure
 from workflows.contracts.retention import DispatchRetentionInput, RetentionReply
 
 HEARTBEAT_EVERY = timedelta(seconds=2)
@@ -83,6 +85,21 @@ class HubActivities:
             return RetentionReply(False, reply.reply.error_message or f"unexpected {reply.reply.type} reply")
         return RetentionReply(reply.reply.success, reply.reply.error_message)
 
+    @activity.defn(name=Activity.EXECUTOR_REQUEST)
+    async def executor_request(self, input: ExecutorRequestInput) -> ExecutorRequestReply:
+        """An operator's request routed here from another gateway process (a local activity of its
+        ``ManagementRequestWorkflow``): failures are answers, so the caller can choose the next executor."""
+        conn = self._hub.find(input.org, input.app, input.executor_id)
+        if conn is None:
+            return ExecutorRequestReply(failure=Failure.UNAVAILABLE, detail="not connected to its gateway (any more)")
+        try:
+            reply = await conn.request(input.request_id, input.frame, timeout=input.timeout, large_reply=True)
+        except ExecutorTimeoutError as err:
+            return ExecutorRequestReply(failure=Failure.TIMEOUT, detail=err.detail)
+        except (ExecutorUnavailableError, ProtocolError) as err:
+            return ExecutorRequestReply(failure=Failure.BROKEN, detail=err.detail)
+        return ExecutorRequestReply(reply_z=pack(reply_body(reply.reply)))
+
     @activity.defn(name=Activity.HOLD_GATEWAY)
     async def hold_gateway(self, input: HoldGatewayInput) -> None:
         """Heartbeat for as long as this gateway process lives (up to ``hold_for``)."""
@@ -94,4 +111,4 @@ class HubActivities:
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows, self.dispatch_retention, self.hold_gateway,
-                self.probe_gateway]
+                self.probe_gateway, self.executor_request]

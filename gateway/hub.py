@@ -14,6 +14,7 @@ from workflows.contracts.common import ConnectedSignal
 
 Send = Callable[[str], Awaitable[None]]
 Close = Callable[[int, str], Awaitable[None]]
+Widen = Callable[[bool], None]  # True: the socket takes replies up to RELAY_MAX_REPLY_BYTES; False: back to normal
 
 K = TypeVar("K")
 SUPERSEDED_CLOSE_CODE = 4000  # private-use range: "another connection of this executor replaced this one"
@@ -23,10 +24,10 @@ class Connection:
     """One executor socket, after its handshake."""
 
     __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "signal", "_send",
-                 "_close", "_waiters")
+                 "_close", "_widen", "_wide", "_waiters")
 
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
-                 send: Send, close: Close, key_id: str = "", app_id: str = "") -> None:
+                 send: Send, close: Close, key_id: str = "", app_id: str = "", widen: Widen | None = None) -> None:
         self.connection_id = connection_id
         self.key_id = key_id  # the API key it authenticated with: revoking that key closes this socket
         # The id of the app it joined: an app deleted and registered again has a new id, and this socket must go.
@@ -39,13 +40,26 @@ class Connection:
         self.signal: ConnectedSignal | None = None
         self._send = send
         self._close = close
+        self._widen = widen
+        self._wide = 0  # requests in flight whose reply may be large
         self._waiters: dict[str, asyncio.Future[sm.Reply]] = {}
 
-    async def request(self, request_id: str, frame: str, *, timeout: timedelta) -> sm.Reply:
-        """Send a request and wait for the reply carrying ``request_id``."""
+    async def request(self, request_id: str, frame: str, *, timeout: timedelta, large_reply: bool = False
+                      ) -> sm.Reply:
+        """Send a request and wait for the reply carrying ``request_id``.
+
+        ``large_reply``: the reply may exceed RELAY_MAX_MESSAGE_BYTES (an operator's page of workflows), so the
+        socket takes frames up to RELAY_MAX_REPLY_BYTES while it is due. Asking for data must never cost an
+        executor its connection; the normal limit still holds whenever no such request is in flight.
+        """
         waiter: asyncio.Future[sm.Reply] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
         self.session.expect(request_id)
+        wide = large_reply and self._widen is not None
+        if wide:
+            self._wide += 1
+            if self._wide == 1 and self._widen is not None:
+                self._widen(True)
         try:
             await self._send(frame)
             return await asyncio.wait_for(waiter, timeout.total_seconds())
@@ -54,6 +68,10 @@ class Connection:
         finally:
             self._waiters.pop(request_id, None)
             self.session.forget(request_id)
+            if wide:
+                self._wide -= 1
+                if self._wide == 0 and self._widen is not None:
+                    self._widen(False)
 
     def deliver(self, reply: sm.Reply) -> None:
         waiter = self._waiters.get(reply.reply.request_id)

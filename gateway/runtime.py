@@ -28,6 +28,7 @@ from gateway.activities import HubActivities
 from gateway.admission import Admission
 from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection, Hub
+from gateway.management import Management
 from workflows.contracts.common import (
     GATEWAY_TASK_QUEUE_PREFIX,
     SHARED_TASK_QUEUE,
@@ -41,6 +42,7 @@ from workflows.contracts.gateway_watch import GatewayInput
 from workflows.contracts.lifecycle import LifecycleInput
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
+from workflows.management import ManagementRequestWorkflow
 
 log = logging.getLogger("relay.gateway")
 
@@ -71,6 +73,8 @@ class Gateway:
         self._background: set[asyncio.Task[None]] = set()
         self._lanes = SignalLanes()
         self.contact_state = ContactState(fence_after=settings.gateway_fence)
+        self.management = Management(settings=settings, store=store, hub=self.hub, client=client,
+                                     task_queue=self.task_queue)
 
     @property
     def fenced(self) -> bool:
@@ -78,7 +82,9 @@ class Gateway:
         return self.contact_state.fenced
 
     def worker(self) -> Worker:
-        return Worker(self.client, task_queue=self.task_queue,
+        # Its one workflow: management requests routed here by other gateway processes, run with their local
+        # activity in this process.
+        return Worker(self.client, task_queue=self.task_queue, workflows=[ManagementRequestWorkflow],
                       activities=HubActivities(self.hub, self.contact_state.contact_for).all())
 
     def contact(self) -> Contact:

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 from http import HTTPStatus
@@ -226,7 +227,7 @@ class ExecutorSocket(LivenessProtocol):
         info = handshake.info
         conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
                           session=session, send=self.send_text, key_id=joined.key_id, app_id=joined.app_id,
-                          close=self.close_with)
+                          close=self.close_with, widen=self._widen_for(gw))
         self.executor = conn
         superseded = gw.hub.attach(conn)
         if superseded is not None:
@@ -328,6 +329,15 @@ class ExecutorSocket(LivenessProtocol):
             del rows[0]
 
     # -- sending and closing ----------------------------------------------------------------------------------
+
+    def _widen_for(self, gw: Gateway) -> Callable[[bool], None]:
+        """Raise the socket's message limit to RELAY_MAX_REPLY_BYTES while a large reply is due, then back; the
+        parser reads the limit at each frame."""
+        def widen(on: bool) -> None:
+            normal = gw.settings.max_message_bytes
+            self.conn.max_message_size = max(gw.settings.max_reply_bytes, normal) if on else normal
+
+        return widen
 
     def send_now(self, frame: str) -> None:
         if self.disconnected or self.close_sent:

@@ -19,9 +19,9 @@ from core.models import make_engine
 from core.store import Store
 from gateway.activities import HubActivities
 from gateway.hub import Hub
-from workflows.contracts import common, gateway_watch, lifecycle, retention
+from workflows.contracts import common, gateway_watch, lifecycle, management, retention
 
-CONTRACTS: list[ModuleType] = [common, lifecycle, retention, gateway_watch]
+CONTRACTS: list[ModuleType] = [common, lifecycle, retention, gateway_watch, management]
 
 
 def _name(fn: Callable[..., Any]) -> str:

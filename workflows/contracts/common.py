@@ -44,6 +44,9 @@ class Activity:
     # The fence: asked on a gateway's own queue before anything is declared gone. A gateway that does not pick it
     # up within its schedule-to-start timeout counts as gone; one that does says whether it holds the socket.
     PROBE_GATEWAY = "probe_gateway"
+    # Workflow management: an operator's request to an executor held by another gateway process, run as a local
+    # activity of a ``ManagementRequestWorkflow`` on that process's own queue.
+    EXECUTOR_REQUEST = "executor_request"
 
 
 # What an activity stub raises if it is ever run: only its name and signature are used (by the workflows).
