@@ -1,0 +1,232 @@
+"""Management requests (``gateway.management``) over a real hub and real sessions, with scripted executors: which
+executor is asked, in what order, what happens when one fails, and the socket's frame limit while a large reply is
+due. Routing through another gateway process is tested end to end (tests/e2e/test_management.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from core.errors import ExecutorRefusedError, ExecutorsFailedError, NoExecutorError
+from core.models import Executor
+from core.settings import Settings
+from gateway import session as sm
+from gateway.hub import Connection, Hub
+from gateway.management import Management, Pick, order, pack, unpack
+from workflows.contracts.common import ExecutorStatus
+
+ORG, APP = "local", "orders"
+QUEUE = "relay-gateway-here"
+Script = Callable[[dict[str, Any]], dict[str, Any] | None]  # the request -> the reply fields, or None: silence
+
+
+def _row(executor_id: str, version: str = "v1", queue: str = QUEUE) -> Executor:
+    return Executor(org=ORG, app=APP, executor_id=executor_id, app_version=version, status=ExecutorStatus.HEALTHY,
+                    gateway_queue=queue, created_at=datetime(2026, 1, 1, tzinfo=UTC))
+
+
+@dataclass
+class FakeStore:
+    rows: list[Executor]
+    busy: set[str] = field(default_factory=set)
+
+    def management_candidates(self, org: str, app: str) -> tuple[list[Executor], set[str]]:
+        assert (org, app) == (ORG, APP)
+        return list(self.rows), set(self.busy)
+
+
+@dataclass
+class Scripted:
+    """An executor socket: answers each request by its script, after the handshake the session already did."""
+
+    executor_id: str
+    script: Script
+    asked: list[dict[str, Any]] = field(default_factory=list)
+    limits: list[bool] = field(default_factory=list)
+    conn: Connection | None = None
+
+    def attach(self, hub: Hub) -> Connection:
+        session = sm.Session()
+        session.state = sm.State.OPEN
+        self.conn = Connection(connection_id=f"c-{self.executor_id}", org=ORG, app=APP,
+                               executor_id=self.executor_id, session=session, send=self._send, close=self._close,
+                               widen=self.limits.append)
+        hub.attach(self.conn)
+        return self.conn
+
+    async def _send(self, frame: str) -> None:
+        request = json.loads(frame)
+        self.asked.append(request)
+        fields = self.script(request)
+        if fields is not None:
+            reply = json.dumps({"type": request["type"], "request_id": request["request_id"], **fields})
+            asyncio.get_running_loop().call_soon(self._deliver, reply)
+
+    def _deliver(self, reply: str) -> None:
+        assert self.conn is not None
+        event = self.conn.session.receive(reply)
+        assert isinstance(event, sm.Reply)
+        self.conn.deliver(event)
+
+    async def _close(self, code: int, reason: str) -> None:
+        pass
+
+
+def _management(store: FakeStore, hub: Hub) -> Management:
+    settings = Settings(management_timeout_secs=0.2)
+    return Management(settings=settings, store=store, hub=hub, client=None, task_queue=QUEUE)  # type: ignore[arg-type]
+
+
+def ok(request: dict[str, Any]) -> dict[str, Any]:
+    return {"output": [request["type"]], "error_message": None}
+
+
+def silent(request: dict[str, Any]) -> None:
+    return None
+
+
+async def test_a_read_goes_to_one_executor_with_the_request_fields_and_returns_its_whole_reply() -> None:
+    hub = Hub()
+    a = Scripted("a", lambda r: {"output": {"WorkflowUUID": r["workflow_id"]}, "extra": [1, 2]})
+    a.attach(hub)
+    answer = await _management(FakeStore([_row("a")]), hub).ask(ORG, APP, "get_workflow", {"workflow_id": "w-1"})
+    assert answer.executor_id == "a"
+    assert answer.body == {"output": {"WorkflowUUID": "w-1"}, "extra": [1, 2], "error_message": None}
+    [request] = a.asked
+    assert request["type"] == "get_workflow" and request["workflow_id"] == "w-1" and request["request_id"]
+    assert a.limits == [True, False]  # the frame limit is raised only while the reply is due
+
+
+async def test_no_healthy_executor_is_a_503_naming_nobody() -> None:
+    with pytest.raises(NoExecutorError) as raised:
+        await _management(FakeStore([]), Hub()).ask(ORG, APP, "list_workflows", {})
+    assert raised.value.status == 503 and raised.value.tried == []
+
+
+async def test_a_silent_executor_is_passed_over_for_the_next_and_every_failure_is_a_502_naming_them() -> None:
+    hub = Hub()
+    a, b = Scripted("a", silent), Scripted("b", ok)
+    a.attach(hub)
+    b.attach(hub)
+    store = FakeStore([_row("a"), _row("b")], busy={"b"})  # b is busy, so a (free) goes first
+    answer = await _management(store, hub).ask(ORG, APP, "list_workflows", {"body": {}})
+    assert (answer.executor_id, len(a.asked), len(b.asked)) == ("b", 1, 1)
+
+    b.script = silent
+    with pytest.raises(ExecutorsFailedError) as raised:
+        await _management(store, hub).ask(ORG, APP, "list_workflows", {"body": {}})
+    assert raised.value.status == 502 and raised.value.tried == ["a", "b"]
+    assert "did not answer" in raised.value.detail
+
+
+async def test_a_fork_that_may_have_been_delivered_is_never_sent_to_a_second_executor() -> None:
+    hub = Hub()
+    a, b = Scripted("a", silent), Scripted("b", ok)
+    a.attach(hub)
+    b.attach(hub)
+    store = FakeStore([_row("a"), _row("b")], busy={"b"})
+    with pytest.raises(ExecutorsFailedError) as raised:
+        await _management(store, hub).ask(ORG, APP, "fork_workflow", {"body": {"workflow_id": "w"}},
+                                          version="v1")
+    assert raised.value.tried == ["a"] and b.asked == []
+    assert "may or may not have been carried out" in raised.value.detail
+
+
+async def test_an_executor_without_a_socket_here_or_a_gateway_is_passed_over() -> None:
+    hub = Hub()
+    b = Scripted("b", ok)
+    b.attach(hub)
+    # "a" claims to be on this gateway but has no socket: never sent, so even a fork may go on to "b".
+    store = FakeStore([_row("a"), _row("b")], busy={"b"})
+    answer = await _management(store, hub).ask(ORG, APP, "fork_workflow", {}, version="v1")
+    assert answer.executor_id == "b"
+
+
+async def test_resume_and_fork_go_to_the_latest_version_as_the_sdk_reports_it() -> None:
+    hub = Hub()
+    versions = {"output": [
+        {"version_id": "1", "version_name": "v-old", "version_timestamp": 200, "created_at": 100},
+        {"version_id": "2", "version_name": "v-new", "version_timestamp": 300, "created_at": 50},
+        {"version_id": "3", "version_name": "v-newest-created", "version_timestamp": 100, "created_at": 900},
+    ]}
+
+    def script(request: dict[str, Any]) -> dict[str, Any]:
+        return versions if request["type"] == "list_application_versions" else ok(request)
+
+    old, new = Scripted("old", script), Scripted("new", script)
+    old.attach(hub)
+    new.attach(hub)
+    store = FakeStore([_row("old", "v-old"), _row("new", "v-new")])
+    management = _management(store, hub)
+    assert await management.latest_version(ORG, APP) == "v-new"
+    for _ in range(5):
+        answer = await management.ask(ORG, APP, "resume", {"workflow_id": "w"}, pick=Pick.LATEST)
+        assert answer.executor_id == "new"
+    answer = await management.ask(ORG, APP, "resume", {"workflow_id": "w"}, pick=Pick.LATEST, version="v-old")
+    assert answer.executor_id == "old"
+    with pytest.raises(NoExecutorError, match="'v-gone'"):
+        await management.ask(ORG, APP, "resume", {}, pick=Pick.LATEST, version="v-gone")
+
+
+async def test_a_refusal_in_metadata_only_mode_is_a_409_not_a_retry_elsewhere() -> None:
+    hub = Hub()
+    a = Scripted("a", lambda r: {"error_message": "export_workflow is not allowed in conductor metadata-only mode"})
+    b = Scripted("b", ok)
+    a.attach(hub)
+    b.attach(hub)
+    with pytest.raises(ExecutorRefusedError) as raised:
+        await _management(FakeStore([_row("a"), _row("b")], busy={"b"}), hub).ask(ORG, APP, "export_workflow", {})
+    assert raised.value.status == 409 and raised.value.executor_id == "a" and b.asked == []
+
+
+async def test_an_error_the_executor_reports_is_its_answer() -> None:
+    hub = Hub()
+    a = Scripted("a", lambda r: {"output": None, "error_message": "workflow not found"})
+    a.attach(hub)
+    answer = await _management(FakeStore([_row("a")]), hub).ask(ORG, APP, "get_workflow", {})
+    assert answer.error == "workflow not found"
+
+
+def test_order_prefers_free_then_local_and_keeps_only_the_version_asked() -> None:
+    rows = [_row("busy-local"), _row("free-remote", queue="elsewhere"), _row("free-local"),
+            _row("other-version", version="v2"), _row("busy-remote", queue="elsewhere")]
+    local = {"busy-local", "free-local", "other-version"}
+    for seed in range(20):
+        got = order(rows, busy={"busy-local", "busy-remote"}, local=local, version="v1", rng=random.Random(seed))
+        assert [r.executor_id for r in got] == ["free-local", "free-remote", "busy-local", "busy-remote"]
+    assert len(order(rows, busy=set(), local=local, version=None)) == 5
+
+
+def test_a_routed_reply_survives_packing_and_shrinks() -> None:
+    body = {"output": [{"WorkflowUUID": f"wf-{i}", "Status": "SUCCESS", "CreatedAt": str(1_700_000_000_000 + i)}
+                       for i in range(5000)], "error_message": None}
+    packed = pack(body)
+    assert unpack(packed) == body
+    assert len(packed) < len(json.dumps(body)) / 4
+
+
+async def test_the_limit_stays_raised_while_any_large_reply_is_due() -> None:
+    hub = Hub()
+    a = Scripted("a", silent)
+    conn = a.attach(hub)
+
+    async def slow(request_id: str) -> None:
+        await conn.request(request_id, json.dumps({"type": "list_workflows", "request_id": request_id}),
+                           timeout=timedelta(seconds=5), large_reply=True)
+
+    first, second = asyncio.create_task(slow("r1")), asyncio.create_task(slow("r2"))
+    await asyncio.sleep(0.01)
+    assert a.limits == [True]
+    for request_id, task in (("r1", first), ("r2", second)):
+        event = conn.session.receive(json.dumps({"type": "list_workflows", "request_id": request_id}))
+        assert isinstance(event, sm.Reply)
+        conn.deliver(event)
+        await task
+        assert a.limits == ([True] if request_id == "r1" else [True, False])
