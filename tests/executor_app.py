@@ -6,6 +6,12 @@ START_WORKFLOW (a workflow id to start once the file START_WORKFLOW_WHEN exists)
 
 For retention tests: FINISHED_WORKFLOWS (comma-separated workflow ids run to completion at launch) and
 PENDING_WORKFLOWS (comma-separated workflow ids started at launch that wait, PENDING, for an hour).
+
+For workflow management tests: GATED_WORKFLOWS (ids started at launch, each waiting until the file
+GATE_DIR/<id> exists, then finishing), QUEUED_WORKFLOWS (the same, enqueued on the queue ``serial`` of
+concurrency 1, so all but the first wait ENQUEUED), THREE_STEPS (ids run to completion at launch: three steps,
+each logged to STEP_LOG as "<pid> <workflow id> <step>"), BIG_WORKFLOWS (ids run at launch with an input and an
+output of BIG_BYTES characters each) and SCHEDULE (a schedule of that name, hourly, for ``scheduled``).
 """
 
 from __future__ import annotations
@@ -13,6 +19,8 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import datetime
+from typing import Any
 
 from dbos import DBOS
 
@@ -51,6 +59,43 @@ def waits() -> None:
     DBOS.sleep(3600)
 
 
+@DBOS.step()
+def gate_open(workflow_id: str) -> bool:
+    return os.path.exists(os.path.join(os.environ["GATE_DIR"], workflow_id))
+
+
+@DBOS.workflow()
+def gated() -> str:
+    """Polls its gate file (each look a checkpointed step): cancelled meanwhile it stays so; resumed, it goes on."""
+    workflow_id = DBOS.workflow_id
+    assert workflow_id is not None
+    while not gate_open(workflow_id):
+        DBOS.sleep(0.2)
+    return "opened"
+
+
+@DBOS.step()
+def logged_step(i: int) -> int:
+    with open(os.environ["STEP_LOG"], "a") as log:
+        log.write(f"{os.getpid()} {DBOS.workflow_id} {i}\n")
+    return i
+
+
+@DBOS.workflow()
+def three_steps() -> int:
+    return sum(logged_step(i) for i in range(3))
+
+
+@DBOS.workflow()
+def big(payload: str) -> str:
+    return payload[::-1]
+
+
+@DBOS.workflow()
+def scheduled(when: datetime, context: Any) -> None:
+    DBOS.logger.info(f"scheduled for {when.isoformat()}")
+
+
 def _ids(name: str) -> list[str]:
     return [i for i in os.environ.get(name, "").split(",") if i]
 
@@ -65,6 +110,21 @@ if __name__ == "__main__":
     for pending_id in _ids("PENDING_WORKFLOWS"):
         with SetWorkflowID(pending_id):
             DBOS.start_workflow(waits)
+    for gated_id in _ids("GATED_WORKFLOWS"):
+        with SetWorkflowID(gated_id):
+            DBOS.start_workflow(gated)
+    serial = DBOS.register_queue("serial", global_concurrency=1)
+    for queued_id in _ids("QUEUED_WORKFLOWS"):
+        with SetWorkflowID(queued_id):
+            serial.enqueue(gated)
+    for three_id in _ids("THREE_STEPS"):
+        with SetWorkflowID(three_id):
+            three_steps()
+    for big_id in _ids("BIG_WORKFLOWS"):
+        with SetWorkflowID(big_id):
+            big("x" * int(os.environ.get("BIG_BYTES", "600000")))
+    if os.environ.get("SCHEDULE"):
+        DBOS.create_schedule(schedule_name=os.environ["SCHEDULE"], workflow_fn=scheduled, schedule="0 0 * * * *")
     workflow_id = os.environ.get("START_WORKFLOW")
     if workflow_id:
         while not os.path.exists(os.environ["START_WORKFLOW_WHEN"]):
