@@ -10,6 +10,7 @@ import sys
 from collections.abc import Sequence
 
 from cli import admin as admin_cli
+from cli import workflows as workflows_cli
 from core.errors import RelayError
 from core.logs import install_redaction
 from core.models import make_engine
@@ -45,6 +46,7 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--app", action="append", help="restrict the key to this app (repeatable)")
     create.add_argument("--name", default="cli", help="a label for the key")
     admin_cli.add_commands(sub, keys)
+    workflows_cli.add_commands(sub)
     return p
 
 

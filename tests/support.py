@@ -230,6 +230,7 @@ class AuditRow:
     executor_id: str | None
     emit_time: float  # epoch seconds
     details: dict[str, object]
+    status: str = "success"
 
 
 def audit_rows(data_dir: Path, app: str, executor_id: str | None = None) -> list[AuditRow]:
@@ -237,10 +238,10 @@ def audit_rows(data_dir: Path, app: str, executor_id: str | None = None) -> list
     from datetime import UTC, datetime
 
     with contextlib.closing(sqlite3.connect(data_dir / "relay.db", timeout=10)) as db:
-        rows = db.execute("SELECT operation, executor_id, emit_time, details FROM auditlog WHERE app = ? "
+        rows = db.execute("SELECT operation, executor_id, emit_time, details, status FROM auditlog WHERE app = ? "
                           "ORDER BY emit_time", (app,)).fetchall()
-    out = [AuditRow(op, ex, datetime.fromisoformat(t).replace(tzinfo=UTC).timestamp(), json.loads(d or "{}"))
-           for op, ex, t, d in rows]
+    out = [AuditRow(op, ex, datetime.fromisoformat(t).replace(tzinfo=UTC).timestamp(), json.loads(d or "{}"), st)
+           for op, ex, t, d, st in rows]
     return [r for r in out if executor_id is None or r.executor_id == executor_id]
 
 
@@ -271,11 +272,12 @@ def audit_rows_at(url: str, app: str, executor_id: str | None = None) -> list[Au
 
     from core.models import AuditLog
 
-    query = (select(AuditLog.operation, AuditLog.executor_id, AuditLog.emit_time, AuditLog.details)
-             .where(AuditLog.app == app).order_by(col(AuditLog.emit_time)))
+    query = select(AuditLog).where(AuditLog.app == app).order_by(col(AuditLog.emit_time))
     if executor_id is not None:
         query = query.where(AuditLog.executor_id == executor_id)
-    return [AuditRow(op, ex, t.timestamp(), d or {}) for op, ex, t, d in _read_db(url, query)]
+    rows = [row._mapping for row in _read_db(url, query)]
+    return [AuditRow(r["operation"], r["executor_id"], r["emit_time"].timestamp(), r["details"] or {}, r["status"])
+            for r in rows]
 
 
 def registry_at(url: str, app: str) -> dict[str, str]:
