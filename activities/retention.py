@@ -42,6 +42,7 @@ class RetentionActivities:
     async def select_retention_executor(self, input: SelectRetentionExecutorInput) -> Candidate | None:
         found = await asyncio.to_thread(
             self._store.select_retention_executor, org=input.org, app=input.app, exclude=input.exclude,
+            latest=input.latest,
         )
         return None if found is None else Candidate(*found)
 

@@ -59,12 +59,15 @@ def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Col
     return (rng or random).choice(tied), cross_version
 
 
-def select_retention_executor(healthy: Sequence[PeerT], *, exclude: Collection[str] = ()) -> PeerT | None:
+def select_retention_executor(healthy: Sequence[PeerT], *, exclude: Collection[str] = (),
+                              latest: str | None = None) -> PeerT | None:
     """The executor to run an app's retention round: newest application version first; None when none is left.
 
-    Version strings are opaque (often a hash), so the newest version is the one whose most recent executor
-    registered last; within a version, the executor registered last goes first. Versions are ranked over every
-    HEALTHY executor, so excluding one (it failed this round) does not demote its version.
+    ``latest`` is the latest version as the app's SDK reports it (``list_application_versions``): its executors
+    come first. Otherwise, and once none of it is left, version strings being opaque (often a hash), the newest
+    version is the one whose most recent executor registered last; within a version, the executor registered
+    last goes first. Versions are ranked over every HEALTHY executor, so excluding one (it failed this round) does
+    not demote its version.
     """
     newest: dict[str, datetime] = {}
     for peer in healthy:
@@ -72,4 +75,5 @@ def select_retention_executor(healthy: Sequence[PeerT], *, exclude: Collection[s
     left = [peer for peer in healthy if peer.executor_id not in exclude]
     if not left:
         return None
-    return max(left, key=lambda peer: (newest[peer.app_version], peer.created_at, peer.executor_id))
+    return max(left, key=lambda peer: (peer.app_version == latest, newest[peer.app_version], peer.created_at,
+                                       peer.executor_id))

@@ -297,11 +297,12 @@ class Store:
             rows = s.exec(query.order_by(col(Application.org), col(Application.name))).all()
         return [(app, None if state is None else state.last_started_at) for app, state in rows]
 
-    def select_retention_executor(self, *, org: str, app: str, exclude: list[str]) -> tuple[str, str] | None:
+    def select_retention_executor(self, *, org: str, app: str, exclude: list[str],
+                                  latest: str | None = None) -> tuple[str, str] | None:
         """The executor to run the app's retention round (``candidates.select_retention_executor``, newest
         application version first): ``(executor_id, gateway_queue)``, or None."""
         with Session(self.engine) as s:
-            best = candidates.select_retention_executor(_routable(s, org, app), exclude=exclude)
+            best = candidates.select_retention_executor(_routable(s, org, app), exclude=exclude, latest=latest)
         if best is None:
             return None
         assert best.gateway_queue is not None

@@ -14,12 +14,12 @@ from temporalio.exceptions import ApplicationError
 from core import wire
 from core.errors import ExecutorTimeoutError, ExecutorUnavailableError, ProtocolError, RelayError
 from gateway.hub import Hub
-from gateway.management import pack, reply_body
+from gateway.management import reply_body
 from gateway.session import Reply
 from workflows.contracts.common import Activity
 from workflows.contracts.gateway_watch import HoldGatewayInput, ProbeGatewayInput, ProbeGatewayReply
 from workflows.contracts.lifecycle import DispatchRecoveryInput, ExistPendingInput, ExistPendingReply, RecoveryReply
-from workflows.contracts.management import ExecutorRequestInput, ExecutorRequestReply, Failure
+from workflows.contracts.management import ExecutorRequestInput, ExecutorRequestReply, Failure, pack
 from workflows.contracts.retention import DispatchRetentionInput, RetentionReply
 
 HEARTBEAT_EVERY = timedelta(seconds=2)

@@ -17,12 +17,9 @@ Nothing here interprets replies beyond a refusal: the REST routes map them.
 from __future__ import annotations
 
 import asyncio
-import base64
-import json
 import logging
 import random
 import uuid
-import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -48,7 +45,9 @@ from gateway.hub import Hub
 from workflows.contracts.management import (
     ExecutorRequestInput,
     Failure,
+    latest_version,
     management_workflow_id,
+    unpack,
 )
 from workflows.management import ManagementRequestWorkflow
 
@@ -88,16 +87,6 @@ class _Failed(Exception):
         super().__init__(detail)
         self.failure = failure
         self.detail = detail
-
-
-def pack(body: dict[str, Any]) -> str:
-    """A reply for a Temporal payload: JSON, zlib, base64 (Temporal refuses payloads over 2 MB)."""
-    return base64.b64encode(zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)).decode()
-
-
-def unpack(packed: str) -> dict[str, Any]:
-    body: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(packed)))
-    return body
 
 
 def reply_body(reply: wire.Reply | wire.OtherReply) -> dict[str, Any]:
@@ -169,13 +158,7 @@ class Management:
         """The app's latest application version, as its executors' SDK defines it (the newest
         ``version_timestamp``); None when the SDK reports none."""
         answer = await self.ask(org, app, "list_application_versions", {}, timeout=timeout)
-        output = answer.body.get("output")
-        versions = [v for v in output if isinstance(v, dict)] if isinstance(output, list) else []
-        if not versions:
-            return None
-        latest = max(versions, key=lambda v: (int(v.get("version_timestamp") or 0), str(v.get("version_name"))))
-        name = latest.get("version_name")
-        return name if isinstance(name, str) else None
+        return latest_version(answer.body)
 
     async def _ask_one(self, row: Executor, request_id: str, frame: str, timeout: timedelta) -> dict[str, Any]:
         conn = self._hub.find(row.org, row.app, row.executor_id)

@@ -14,6 +14,7 @@ the later start fails, and that app is skipped (audited) for the round.
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime, timedelta
 
 from temporalio import workflow
@@ -29,6 +30,7 @@ from workflows.timing import (
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.common import Candidate
+    from workflows.contracts.management import ExecutorRequestInput, executor_request, latest_version, unpack
     from workflows.contracts.retention import (
         AppRetentionInput,
         AppRetentionResult,
@@ -48,6 +50,9 @@ with workflow.unsafe.imports_passed_through():
     )
 
 SUCCEEDED, SKIPPED, NOTHING_SET = "SUCCEEDED", "SKIPPED", "NOTHING_SET"
+# Since this patch the round asks an executor for the app's latest version (``list_application_versions``)
+# and sends ``retention`` to that version's executors first; before it, registration order alone ranked versions.
+LATEST_FROM_SDK_PATCH = "retention-latest-from-sdk"
 
 # Scheduled rounds start a little after their nominal time, each by a different delay; "recent" ends this much
 # before a full interval so that jitter never makes a scheduled round look recent to the one before it.
@@ -176,10 +181,11 @@ class AppRetentionWorkflow:
         failed: list[str] = []
         attempt = 0
         backoff = BACKOFF_INITIAL
+        latest = await self._latest_version() if workflow.patched(LATEST_FROM_SDK_PATCH) else None
         while True:
             candidate = await workflow.execute_activity(
                 select_retention_executor,
-                SelectRetentionExecutorInput(t.org, t.app, exclude=list(failed)),
+                SelectRetentionExecutorInput(t.org, t.app, exclude=list(failed), latest=latest),
                 start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
             )
             if candidate is None and not failed:
@@ -203,6 +209,33 @@ class AppRetentionWorkflow:
                 return await self._skip(f"no executor started the round in {attempt} attempts; the next round "
                                         "tries again", attempts=attempt)
             backoff = await timing.backoff(backoff)
+
+    async def _latest_version(self) -> str | None:
+        """The app's latest application version as its SDK defines it, asked of one HEALTHY executor; None when
+        none answers (the round then ranks versions by registration order, as before)."""
+        t = self._target
+        candidate = await workflow.execute_activity(
+            select_retention_executor, SelectRetentionExecutorInput(t.org, t.app),
+            start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+        )
+        if candidate is None:
+            return None
+        request_id = str(workflow.uuid4())
+        frame = json.dumps({"type": "list_application_versions", "request_id": request_id})
+        timeout = self._input.reply_timeout
+        try:
+            reply = await workflow.execute_activity(
+                executor_request,
+                ExecutorRequestInput(t.org, t.app, candidate.executor_id, request_id, frame, timeout),
+                task_queue=candidate.gateway_queue,
+                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
+                start_to_close_timeout=timeout + timedelta(seconds=5),
+                retry_policy=RetryPolicy(maximum_attempts=1),
+                summary=f"latest application version via {candidate.executor_id}",
+            )
+        except ActivityError:
+            return None
+        return None if reply.failure is not None else latest_version(unpack(reply.reply_z))
 
     async def _attempt(self, candidate: Candidate, request_id: str, attempt: int) -> str | None:
         """One ``retention`` request through the candidate's gateway. Returns the failure reason, or None."""

@@ -115,3 +115,13 @@ def test_excluding_an_executor_does_not_demote_its_version() -> None:
 def test_retention_ties_break_by_executor_id() -> None:
     rows = [Row("a", "v1", _at(0)), Row("b", "v1", _at(0))]
     assert select_retention_executor(rows) == rows[1]
+
+
+def test_the_version_the_sdk_calls_latest_comes_first_then_registration_order() -> None:
+    """v1's executors registered last, but the SDK says v2 is latest (an operator set it back)."""
+    rows = [Row("v2-a", "v2", _at(1)), Row("v1-a", "v1", _at(5)), Row("v2-b", "v2", _at(2)), Row("v1-b", "v1", _at(9))]
+    assert select_retention_executor(rows, latest="v2") == rows[2]
+    assert select_retention_executor(rows, latest="v2", exclude={"v2-b"}) == rows[0]
+    assert select_retention_executor(rows, latest="v2", exclude={"v2-a", "v2-b"}) == rows[3]
+    assert select_retention_executor(rows, latest="v9") == rows[3]  # a version nobody runs: registration order
+    assert select_retention_executor(rows) == rows[3]

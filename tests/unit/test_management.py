@@ -19,8 +19,9 @@ from core.models import Executor
 from core.settings import Settings
 from gateway import session as sm
 from gateway.hub import Connection, Hub
-from gateway.management import Management, Pick, order, pack, unpack
+from gateway.management import Management, Pick, order
 from workflows.contracts.common import ExecutorStatus
+from workflows.contracts.management import pack, unpack
 
 ORG, APP = "local", "orders"
 QUEUE = "relay-gateway-here"

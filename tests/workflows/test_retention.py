@@ -32,6 +32,7 @@ from core.store import Store
 from core.temporal import data_converter, venv_binary
 from tests.conftest import assert_eventually
 from workflows.contracts.common import Activity, Candidate, ExecutorStatus
+from workflows.contracts.management import ExecutorRequestInput, ExecutorRequestReply, pack
 from workflows.contracts.retention import (
     AppRetentionInput,
     AppRetentionResult,
@@ -296,6 +297,9 @@ class FakeRetention:
     selects: list[SelectRetentionExecutorInput] = field(default_factory=list)
     audits: list[WriteRetentionAuditInput] = field(default_factory=list)
     dispatches: list[Dispatch] = field(default_factory=list)
+    # What each executor's SDK answers to ``list_application_versions`` (none: an empty list).
+    versions: dict[str, list[dict[str, object]]] = field(default_factory=dict)
+    asked_versions: list[str] = field(default_factory=list)
 
     def queue(self, executor_id: str) -> str:
         return f"{self.task_queue}-gw-{executor_id}"
@@ -320,6 +324,13 @@ class FakeRetention:
     async def write_retention_audit(self, input: WriteRetentionAuditInput) -> None:
         if all(a.event_key != input.event_key for a in self.audits):
             self.audits.append(input)
+
+    @activity.defn(name=Activity.EXECUTOR_REQUEST)
+    async def executor_request(self, input: ExecutorRequestInput) -> ExecutorRequestReply:
+        assert json.loads(input.frame)["type"] == "list_application_versions"
+        self.asked_versions.append(input.executor_id)
+        return ExecutorRequestReply(reply_z=pack({"output": self.versions.get(input.executor_id, []),
+                                                  "error_message": None}))
 
     @activity.defn(name=Activity.DISPATCH_RETENTION)
     async def dispatch_retention(self, input: DispatchRetentionInput) -> RetentionReply:
@@ -410,7 +421,7 @@ async def _workers(env: WorkflowEnvironment) -> AsyncIterator[Env]:
         ))
         for executor_id in EXECUTORS:
             await stack.enter_async_context(Worker(client, task_queue=fakes.queue(executor_id),
-                                                   activities=[fakes.dispatch_retention]))
+                                                   activities=[fakes.dispatch_retention, fakes.executor_request]))
         try:
             yield Env(env, fakes)
         finally:
@@ -495,7 +506,8 @@ async def test_failure_and_timeout_move_on_to_another_executor_with_backoff(ts: 
     ]
     failed = [a.details["reason"] for a in ts.fakes.audits if a.operation == "retention.failed"]
     assert "did not answer" in failed[0] and "success=false: busy" in failed[1]
-    assert [s.exclude for s in ts.fakes.selects] == [[], ["e1"], ["e1", "e2"], []]
+    # First the executor asked for the latest version, then one per attempt.
+    assert [s.exclude for s in ts.fakes.selects] == [[], [], ["e1"], ["e1", "e2"], []]
     gaps = [b.scheduled - a.scheduled for a, b in zip(ts.fakes.dispatches, ts.fakes.dispatches[1:], strict=False)]
     assert timedelta(seconds=1) <= gaps[0] < timedelta(seconds=1.3)  # backoff 1 s (+ up to 20 % jitter)
     # Backoff 2 s after e2 failed, then none left: 4 s more before trying them all again.
@@ -503,6 +515,19 @@ async def test_failure_and_timeout_move_on_to_another_executor_with_backoff(ts: 
     # One clock for the whole app round: every attempt sends the same cutoffs.
     assert len({json.dumps(str(d.input.cutoffs)) for d in ts.fakes.dispatches}) == 1
     assert len({d.input.request_id for d in ts.fakes.dispatches}) == 3
+
+
+async def test_the_latest_version_is_the_one_the_sdk_reports(ts: Env) -> None:
+    """The executor registered last runs v1, but the SDK says v2 is latest (``set_latest_application_version``):
+    the round goes to v2's executor."""
+    app = _app("versions", gc_time_threshold=timedelta(days=1))
+    ts.fakes.targets = [app]
+    ts.fakes.executors[app.app] = ["e1", "e2"]  # the fake picks the first one left unless told the latest
+    ts.fakes.versions = {"e1": [{"version_id": "a", "version_name": "v1", "version_timestamp": 100},
+                                {"version_id": "b", "version_name": "v2", "version_timestamp": 200}]}
+    assert await ts.run_app(app) == AppRetentionResult("SUCCEEDED", "e1", attempts=1)
+    assert ts.fakes.asked_versions == ["e1"]
+    assert [s.latest for s in ts.fakes.selects] == [None, "v2"]
 
 
 async def test_no_healthy_executor_skips_the_app_for_this_round(ts_rounds: Env) -> None:

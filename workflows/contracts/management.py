@@ -8,9 +8,13 @@ compresses several times over.
 
 from __future__ import annotations
 
+import base64
+import json
+import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 from enum import StrEnum
+from typing import Any
 
 from temporalio import activity
 
@@ -46,6 +50,28 @@ class ExecutorRequestReply:
     reply_z: str = ""
     failure: Failure | None = None
     detail: str = ""
+
+
+def pack(body: dict[str, Any]) -> str:
+    """A reply for a Temporal payload: JSON, zlib, base64."""
+    return base64.b64encode(zlib.compress(json.dumps(body, separators=(",", ":")).encode(), 6)).decode()
+
+
+def unpack(packed: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(zlib.decompress(base64.b64decode(packed)))
+    return body
+
+
+def latest_version(body: dict[str, Any]) -> str | None:
+    """The latest application version in a ``list_application_versions`` reply, as the SDK defines it (the newest
+    ``version_timestamp``); None when it lists none."""
+    output = body.get("output")
+    versions = [v for v in output if isinstance(v, dict)] if isinstance(output, list) else []
+    if not versions:
+        return None
+    latest = max(versions, key=lambda v: (int(v.get("version_timestamp") or 0), str(v.get("version_name"))))
+    name = latest.get("version_name")
+    return name if isinstance(name, str) else None
 
 
 @activity.defn(name=Activity.EXECUTOR_REQUEST)

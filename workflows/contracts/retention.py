@@ -91,6 +91,7 @@ class SelectRetentionExecutorInput:
     org: str
     app: str
     exclude: list[str] = field(default_factory=list)
+    latest: str | None = None  # the latest application version as the SDK reports it: its executors first
 
 
 @dataclass
