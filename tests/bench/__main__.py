@@ -1,4 +1,4 @@
-"""`make bench`: ``python -m tests.bench [fleet] [storm] [flood]`` (all by default).
+"""`make bench`: ``python -m tests.bench [fleet] [storm] [flood] [management]`` (all by default).
 
 Environment: ``BENCH_SCALE`` (default 1; 0.1 for a quick pass) scales every fleet and storm size;
 ``BENCH_DIR`` (default ``.relay-bench``) holds the data dirs, logs and ``results.json``.
@@ -10,10 +10,10 @@ import os
 import sys
 import time
 
-from tests.bench import bench_fleet, bench_storm, flood
+from tests.bench import bench_fleet, bench_management, bench_storm, flood
 from tests.bench.common import SCALE, Results, log, raise_nofile, write_results
 
-BENCHES = {"fleet": bench_fleet.run, "storm": bench_storm.run, "flood": flood.run}
+BENCHES = {"fleet": bench_fleet.run, "storm": bench_storm.run, "flood": flood.run, "management": bench_management.run}
 
 
 def main(argv: list[str]) -> int:

@@ -1,0 +1,217 @@
+"""Workflow management end to end: the Conductor console's operations through Relay's REST API, answered by real
+``dbos==3.2.0`` executors over their conductor sockets, on real workflows in their system database — and the
+routing around them: no executor (503), one that never answers (502), a reply over RELAY_MAX_MESSAGE_BYTES, an
+executor held by another gateway process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.sdk import SDKS, SystemDatabase
+from tests.support import (
+    VENV_BIN,
+    Process,
+    RawPeer,
+    Relay,
+    audit_rows_at,
+    free_port,
+    healthy,
+    healthy_answer,
+    relay_env,
+    start_relay,
+    wait_until,
+)
+
+pytestmark = pytest.mark.e2e
+
+TIMEOUT_SECS = 2  # RELAY_MANAGEMENT_TIMEOUT_SECS: a silent executor costs this much
+PYTHON = SDKS["python"]
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    data_dir = tmp_path_factory.mktemp("relay-management")
+    started = start_relay(data_dir, relay_env(data_dir, RELAY_MANAGEMENT_TIMEOUT_SECS=str(TIMEOUT_SECS)))
+    try:
+        yield started
+    finally:
+        code = started.process.stop()
+        assert code == 0, started.process.output()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def app(relay: Relay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, SystemDatabase, Path, Process]]:
+    """One real executor of app ``mgmt`` with gated, queued, three-step and big workflows and an hourly schedule."""
+    tmp = tmp_path_factory.mktemp("mgmt-executor")
+    (tmp / "gates").mkdir()
+    name, sys_db = "mgmt", PYTHON.system_database(tmp, None)
+    with relay.api() as api:
+        assert api.put(f"/v2/orgs/local/apps/{name}").status_code == 204
+    executor = PYTHON.start(relay, tmp, "executor", name, sys_db, GATE_DIR=str(tmp / "gates"),
+                            GATED_WORKFLOWS="g1,g2", QUEUED_WORKFLOWS="q1,q2", THREE_STEPS="t1",
+                            BIG_WORKFLOWS="b1,b2", BIG_BYTES="400000", SCHEDULE="hourly")
+    try:
+        wait_until(lambda: list(relay.executors(name).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
+        wait_until(lambda: {"g1", "g2", "q1", "q2", "t1", "b1", "b2"} <= set(sys_db.statuses()), timeout=30,
+                   what="the workflows")
+        yield name, sys_db, tmp, executor
+    finally:
+        executor.stop()
+
+
+def _api(relay: Relay) -> httpx.Client:
+    return httpx.Client(base_url=f"{relay.url}/v2/orgs/local/apps/", timeout=30,
+                        headers={"Authorization": f"Bearer {relay.key}"})
+
+
+def _ok(response: httpx.Response, status: int = 200) -> Any:
+    assert response.status_code == status, (response.status_code, response.text[:2000])
+    return response.json() if response.content else None
+
+
+def test_workflows_are_listed_got_cancelled_resumed_and_forked(relay: Relay, app: tuple[Any, ...]) -> None:
+    name, sys_db, tmp, _ = app
+    with _api(relay) as api:
+        pending = _ok(api.get(f"{name}/workflows", params={"status": "PENDING"}))
+        assert {"g1", "g2"} <= {w["workflowId"] for w in pending}
+        assert all(w["status"] == "PENDING" for w in pending)
+        g1 = _ok(api.get(f"{name}/workflows/g1"))
+        assert (g1["workflowId"], g1["workflowName"], g1["status"]) == ("g1", "gated", "PENDING")
+        assert api.get(f"{name}/workflows/no-such-workflow").status_code == 404
+
+        steps = _ok(api.get(f"{name}/workflows/t1/steps"))
+        assert [s["stepName"] for s in steps if "logged_step" in s["stepName"]] == [steps[0]["stepName"]] * 3
+        assert [s["output"] for s in steps] == [0, 1, 2] or [str(s["output"]) for s in steps] == ["0", "1", "2"]
+
+        _ok(api.post(f"{name}/workflows/g1/cancel", json={}), 204)
+        wait_until(lambda: sys_db.status("g1") == "CANCELLED", timeout=10, what="g1 CANCELLED")
+        (tmp / "gates" / "g1").touch()
+        time.sleep(1.0)  # the gate is open, but a cancelled workflow does not look at it any more
+        assert sys_db.status("g1") == "CANCELLED"
+        _ok(api.post(f"{name}/workflows/g1/resume", json={}), 204)
+        wait_until(lambda: sys_db.status("g1") == "SUCCESS", timeout=20, what="g1 resumed to SUCCESS")
+
+        forked = _ok(api.post(f"{name}/workflows/t1/fork", json={"startStep": 2, "newWorkflowId": "t1-fork"}), 201)
+        assert forked == {"workflowId": "t1-fork"}
+        wait_until(lambda: sys_db.status("t1-fork") == "SUCCESS", timeout=20, what="the fork SUCCESS")
+    ran = [line.split()[1:] for line in (tmp / "steps.log").read_text().splitlines() if len(line.split()) == 3]
+    assert [s for w, s in ran if w == "t1"] == ["0", "1", "2"]
+    by_fork = [s for w, s in ran if w == "t1-fork"]
+    assert by_fork and "0" not in by_fork, by_fork  # steps before the fork's start step are copied, not rerun
+
+    [executor_id] = relay.executors(name)
+    audit = [(r.operation, r.executor_id, r.status) for r in audit_rows_at(relay.db_url, name)
+             if r.operation.startswith("workflow.")]
+    assert [op for op, _, _ in audit] == ["workflow.cancel", "workflow.resume", "workflow.fork"], audit
+    assert all(ex == executor_id and status == "success" for _, ex, status in audit), audit
+
+
+def test_a_blocked_queue_is_visible(relay: Relay, app: tuple[Any, ...]) -> None:
+    name, sys_db, _, _ = app
+    with _api(relay) as api:
+        queue = _ok(api.get(f"{name}/queues/serial"))
+        assert queue["name"] == "serial" and queue["concurrency"] == 1
+        assert "serial" in {q["name"] for q in _ok(api.get(f"{name}/queues"))}
+        queued = _ok(api.post(f"{name}/workflows/search", json={"queuesOnly": True}))
+        statuses = {w["workflowId"]: w["status"] for w in queued}
+        assert {"q1", "q2"} <= set(statuses)
+        assert sorted(statuses[i] for i in ("q1", "q2")) == ["ENQUEUED", "PENDING"]  # one runs, one waits
+        assert all(w["queueName"] == "serial" for w in queued if w["workflowId"] in ("q1", "q2"))
+
+
+def test_schedules_pause_and_trigger(relay: Relay, app: tuple[Any, ...]) -> None:
+    name, sys_db, _, _ = app
+    with _api(relay) as api:
+        [schedule] = [s for s in _ok(api.get(f"{name}/schedules")) if s["scheduleName"] == "hourly"]
+        assert schedule["cronExpression"] == "0 0 * * * *" and schedule["status"] == "ACTIVE"
+        _ok(api.post(f"{name}/schedules/hourly/pause"), 204)
+        assert _ok(api.get(f"{name}/schedules/hourly"))["status"] == "PAUSED"
+        before = set(sys_db.statuses())
+        _ok(api.post(f"{name}/schedules/hourly/trigger"), 201)
+        wait_until(lambda: any(s == "SUCCESS" for i, s in sys_db.statuses().items() if i not in before), timeout=20,
+                   what="the triggered run")
+        _ok(api.post(f"{name}/schedules/hourly/resume"), 204)
+        assert _ok(api.get(f"{name}/schedules/hourly"))["status"] == "ACTIVE"
+
+
+def test_a_reply_over_the_frame_limit_costs_the_executor_nothing(relay: Relay, app: tuple[Any, ...]) -> None:
+    name, _, _, _ = app
+    [executor_id] = relay.executors(name)
+    with _api(relay) as api:
+        response = api.get(f"{name}/workflows", params={"loadInput": True, "loadOutput": True, "limit": 100})
+        big = [w for w in _ok(response) if w["workflowId"] in ("b1", "b2")]
+    assert len(response.content) > 1024 * 1024  # four payloads of 400,000 characters: over RELAY_MAX_MESSAGE_BYTES
+    assert len(big) == 2 and all("x" * 1000 in str(w["input"]) for w in big)
+    assert relay.executors(name) == {executor_id: "HEALTHY"}
+    assert [r.operation for r in audit_rows_at(relay.db_url, name, executor_id)
+            if r.operation.startswith("executor.")] == ["executor.healthy"]
+
+
+def test_no_executor_is_a_503_and_a_silent_one_a_502_naming_it(relay: Relay) -> None:
+    with _api(relay) as api:
+        assert api.put("silent-app").status_code == 204
+        response = api.get("silent-app/workflows")
+        assert response.status_code == 503 and response.headers["content-type"] == "application/problem+json"
+
+        def never_lists(request: dict[str, object]) -> dict[str, object] | None:
+            return None if request["type"] == "list_workflows" else healthy_answer(request)  # type: ignore[return-value]
+
+        peer = RawPeer(relay.ws_url, "silent-app", relay.key, "silent-1", answer=never_lists)
+        try:
+            wait_until(lambda: relay.executors("silent-app") == {"silent-1": "HEALTHY"}, timeout=10, what="HEALTHY")
+            began = time.monotonic()
+            response = api.get("silent-app/workflows")
+            took = time.monotonic() - began
+        finally:
+            peer.stop()
+    assert response.status_code == 502, response.text
+    problem = response.json()
+    assert "silent-1" in problem["detail"]
+    assert problem["errors"] == [{"location": "executors", "message": "executors tried", "value": ["silent-1"]}]
+    assert TIMEOUT_SECS <= took < TIMEOUT_SECS + 5
+    assert len(peer.requests_of("list_workflows")) == 1
+
+
+def test_an_executor_on_another_gateway_process_is_reached_through_it(relay: Relay, tmp_path: Path) -> None:
+    """A second `relay gateway` on the same Temporal and database holds the app's only executor; a REST call to the
+    first gateway is routed to it (a ManagementRequestWorkflow on the second gateway's queue)."""
+    env = {**relay.env, "RELAY_PORT": str(free_port()), "RELAY_TEMPORAL_ADDRESS": relay.temporal_address}
+    gateway = Process([str(VENV_BIN / "relay"), "gateway"], env=env, log=tmp_path / "gateway-2.log")
+    second = Relay(gateway, f"http://127.0.0.1:{env['RELAY_PORT']}", f"ws://127.0.0.1:{env['RELAY_PORT']}/",
+                   relay.key, relay.data_dir, env)
+    name, executor = "routed", None
+    try:
+        wait_until(lambda: healthy(second.url), timeout=60, what="second gateway")
+        with _api(relay) as api:
+            assert api.put(name).status_code == 204
+        (tmp_path / "gates").mkdir()
+        executor = PYTHON.start(second, tmp_path, "executor", name, PYTHON.system_database(tmp_path, None),
+                                GATE_DIR=str(tmp_path / "gates"), GATED_WORKFLOWS="r1")
+        wait_until(lambda: list(relay.executors(name).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
+        [executor_id] = relay.executors(name)
+        timings: dict[str, list[float]] = {"local": [], "routed": []}
+        for where, via in (("local", second), ("routed", relay)):
+            with _api(via) as api:
+                for _ in range(10):
+                    began = time.monotonic()
+                    listed = _ok(api.get(f"{name}/workflows", params={"limit": 10}))
+                    timings[where].append(time.monotonic() - began)
+                    assert [w["workflowId"] for w in listed] == ["r1"]
+        with _api(relay) as api:
+            _ok(api.post(f"{name}/workflows/r1/cancel", json={}), 204)
+        [row] = [r for r in audit_rows_at(relay.db_url, name) if r.operation == "workflow.cancel"]
+        assert (row.executor_id, row.status) == (executor_id, "success")
+        local, routed = (sorted(timings[k])[len(timings[k]) // 2] * 1000 for k in ("local", "routed"))
+        print(f"\nlistWorkflows p50: {local:.1f} ms on the executor's gateway, {routed:.1f} ms routed through "
+              "another gateway process")
+    finally:
+        if executor is not None:
+            executor.stop()
+        gateway.stop()
