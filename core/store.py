@@ -10,7 +10,7 @@ import hmac
 import secrets
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -212,7 +212,7 @@ class Store:
         """
         with Session(self.engine) as s:
             application = s.exec(select(Application).where(Application.org == org, Application.name == app)).first()
-            claims = s.exec(select(RecoveryClaim).where(RecoveryClaim.org == org, RecoveryClaim.app == app)).all()
+            claims = _live_claims(s, org, app)
             found = candidates.select_candidate(
                 _routable(s, org, app), app_version=app_version, exclude=exclude,
                 cross_version_allowed=application is not None and application.cross_version_recovery,
@@ -229,11 +229,25 @@ class Store:
             return row, cross
 
     def management_candidates(self, org: str, app: str) -> tuple[list[Executor], set[str]]:
-        """The app's routable HEALTHY executors, and the ids of those a recovery is on (claimed peers)."""
+        """The app's routable HEALTHY executors, and the ids of those busy: a recovery or a slow operator's
+        request is on them (claimed peers)."""
         with Session(self.engine) as s:
-            claims = s.exec(select(RecoveryClaim.candidate_id).where(RecoveryClaim.org == org,
-                                                                      RecoveryClaim.app == app)).all()
-            return _routable(s, org, app), set(claims)
+            return _routable(s, org, app), {c.candidate_id for c in _live_claims(s, org, app)}
+
+    def claim_for_management(self, *, org: str, app: str, executor_id: str, request_id: str) -> None:
+        """An operator's request is taking a while on ``executor_id``: count it as work in flight there, so a
+        recovery picks another peer while one is free (the SDKs answer one request at a time)."""
+        with Session(self.engine) as s:
+            s.merge(RecoveryClaim(org=org, app=app, dead_executor_id=MANAGEMENT_CLAIM + request_id,
+                                  candidate_id=executor_id, claimed_at=utcnow()))
+            s.commit()
+
+    def release_management_claim(self, *, org: str, app: str, request_id: str) -> None:
+        with Session(self.engine) as s:
+            claim = s.get(RecoveryClaim, (org, app, MANAGEMENT_CLAIM + request_id))
+            if claim is not None:
+                s.delete(claim)
+                s.commit()
 
     def executor_counts(self, org: str) -> Counter[tuple[str, str, str]]:
         """The org's registry rows counted by ``(org, app, status)``."""
@@ -464,6 +478,18 @@ class Store:
             key_ids = {r.subject.removeprefix(API_KEY_SUBJECT) for r in rows if r.subject.startswith(API_KEY_SUBJECT)}
             names = dict(s.exec(select(ApiKey.id, ApiKey.name).where(col(ApiKey.id).in_(key_ids))).all())
         return rows, names
+
+
+# Claims by operators' requests (``claim_for_management``) sit beside recovery claims, keyed by request; one left
+# behind by a gateway that died mid-request stops counting after this long.
+MANAGEMENT_CLAIM = "management:"
+MANAGEMENT_CLAIM_TTL = timedelta(minutes=5)
+
+
+def _live_claims(s: Session, org: str, app: str) -> list[RecoveryClaim]:
+    claims = s.exec(select(RecoveryClaim).where(RecoveryClaim.org == org, RecoveryClaim.app == app)).all()
+    stale = utcnow() - MANAGEMENT_CLAIM_TTL
+    return [c for c in claims if not (c.dead_executor_id.startswith(MANAGEMENT_CLAIM) and c.claimed_at < stale)]
 
 
 def _routable(s: Session, org: str, app: str) -> list[Executor]:

@@ -1,6 +1,9 @@
 """Workflow management: an operator's request (list, get, cancel, resume, fork, ...) carried to one HEALTHY
 executor of the app over its conductor socket, and the executor's reply back.
 
+A request still unanswered after ``SLOW_AFTER`` claims its executor in the registry (beside recovery claims) until
+it ends: a recovery meanwhile goes to a free peer, never behind an operator's slow query, while one exists.
+
 Every executor of an app shares one system database, so a read can go to any of them; resume and fork go to an
 executor on the latest application version (as the SDK defines it: the newest ``version_timestamp`` that
 ``list_application_versions`` reports) unless the request names a version. Executors a recovery is on (a
@@ -17,6 +20,7 @@ Nothing here interprets replies beyond a refusal: the REST routes map them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import uuid
@@ -61,6 +65,9 @@ MAX_TRIES = 3  # executors asked per request, at most: each may take the whole t
 # local activity are scheduled on the other gateway's queue first).
 ROUTE_SLACK = timedelta(seconds=5)
 METADATA_ONLY = "metadata-only mode"
+# A request unanswered this long marks its executor busy in the registry until it ends (a recovery then prefers
+# another peer); quicker ones, nearly all, cost no database write.
+SLOW_AFTER = timedelta(milliseconds=200)
 
 
 class Pick(StrEnum):
@@ -161,6 +168,28 @@ class Management:
         return latest_version(answer.body)
 
     async def _ask_one(self, row: Executor, request_id: str, frame: str, timeout: timedelta) -> dict[str, Any]:
+        """Ask one executor; a request still unanswered after ``SLOW_AFTER`` claims it (``claim_for_management``)
+        until it ends, so that a recovery meanwhile goes to a free peer."""
+        asking = asyncio.ensure_future(self._send_one(row, request_id, frame, timeout))
+        done, _ = await asyncio.wait([asking], timeout=SLOW_AFTER.total_seconds())
+        if done:
+            return asking.result()
+        claimed = False
+        try:
+            await asyncio.to_thread(self._store.claim_for_management, org=row.org, app=row.app,
+                                    executor_id=row.executor_id, request_id=request_id)
+            claimed = True
+        except Exception as err:  # the claim is an optimisation: the request goes on without it
+            log.info("could not claim executor %s for a slow request: %s", row.executor_id, err)
+        try:
+            return await asking
+        finally:
+            if claimed:
+                with contextlib.suppress(Exception):
+                    await asyncio.to_thread(self._store.release_management_claim, org=row.org, app=row.app,
+                                            request_id=request_id)
+
+    async def _send_one(self, row: Executor, request_id: str, frame: str, timeout: timedelta) -> dict[str, Any]:
         conn = self._hub.find(row.org, row.app, row.executor_id)
         if conn is not None:
             try:

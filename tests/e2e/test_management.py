@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from tests.support import (
 
 pytestmark = pytest.mark.e2e
 
-TIMEOUT_SECS = 2  # RELAY_MANAGEMENT_TIMEOUT_SECS: a silent executor costs this much
+TIMEOUT_SECS = 6  # RELAY_MANAGEMENT_TIMEOUT_SECS: a silent executor costs this much
 PYTHON = SDKS["python"]
 
 
@@ -177,6 +178,44 @@ def test_no_executor_is_a_503_and_a_silent_one_a_502_naming_it(relay: Relay) -> 
     assert problem["errors"] == [{"location": "executors", "message": "executors tried", "value": ["silent-1"]}]
     assert TIMEOUT_SECS <= took < TIMEOUT_SECS + 5
     assert len(peer.requests_of("list_workflows")) == 1
+
+
+def test_a_recovery_during_an_operators_slow_query_goes_to_the_free_peer(relay: Relay) -> None:
+    """Two peers answer one request at a time, as the SDKs do; an operator's list takes 4.5 s on whichever gets it.
+    A third executor dies meanwhile: its recovery goes to the other peer and is confirmed before the list ends."""
+    name, slow_for = "busy-app", 4.5
+
+    def slow_lists(request: dict[str, object]) -> dict[str, object] | None:
+        if request["type"] == "list_workflows":
+            time.sleep(slow_for)  # blocks this peer's loop: nothing else is answered meanwhile
+            return {"type": "list_workflows", "request_id": request["request_id"], "output": [],
+                    "error_message": None}
+        return healthy_answer(request)  # type: ignore[return-value]
+
+    with _api(relay) as api:
+        assert api.put(name).status_code == 204
+        assert api.patch(name, json={"executorTimeoutSecs": 1}).status_code == 204
+        peers = [RawPeer(relay.ws_url, name, relay.key, f"peer-{i}", answer=slow_lists) for i in (1, 2)]
+        doomed = RawPeer(relay.ws_url, name, relay.key, "doomed", reconnect=False)
+        try:
+            wait_until(lambda: sorted(relay.executors(name)) == ["doomed", "peer-1", "peer-2"], timeout=10,
+                       what="three HEALTHY")
+            with ThreadPoolExecutor(1) as pool:
+                listing = pool.submit(api.get, f"{name}/workflows")
+                wait_until(lambda: any(p.requests_of("list_workflows") for p in peers), timeout=5, what="the list")
+                time.sleep(0.5)  # the list is slow now: its executor is claimed
+                doomed.stop()
+                wait_until(lambda: "doomed" not in relay.executors(name), timeout=15, what="doomed recovered")
+                assert not listing.done(), "the list ended first: nothing was proven"
+                assert listing.result().status_code == 200
+        finally:
+            for peer in peers:
+                peer.stop()
+    [busy] = [p.executor_id for p in peers if p.requests_of("list_workflows")]
+    [free] = [p.executor_id for p in peers if p.executor_id != busy]
+    recovered = [r for r in audit_rows_at(relay.db_url, name, "doomed") if r.operation == "executor.recovery.succeeded"]
+    assert len(recovered) == 1 and recovered[0].details["candidate"] == free, recovered
+    assert not [r for r in audit_rows_at(relay.db_url, name, "doomed") if r.operation == "executor.recovery.failed"]
 
 
 def test_an_executor_on_another_gateway_process_is_reached_through_it(relay: Relay, tmp_path: Path) -> None:

@@ -38,9 +38,19 @@ class FakeStore:
     rows: list[Executor]
     busy: set[str] = field(default_factory=set)
 
+    claims: dict[str, str] = field(default_factory=dict)  # request id -> executor id
+    claimed: list[str] = field(default_factory=list)  # every executor ever claimed
+
     def management_candidates(self, org: str, app: str) -> tuple[list[Executor], set[str]]:
         assert (org, app) == (ORG, APP)
-        return list(self.rows), set(self.busy)
+        return list(self.rows), set(self.busy) | set(self.claims.values())
+
+    def claim_for_management(self, *, org: str, app: str, executor_id: str, request_id: str) -> None:
+        self.claims[request_id] = executor_id
+        self.claimed.append(executor_id)
+
+    def release_management_claim(self, *, org: str, app: str, request_id: str) -> None:
+        del self.claims[request_id]
 
 
 @dataclass
@@ -80,8 +90,8 @@ class Scripted:
         pass
 
 
-def _management(store: FakeStore, hub: Hub) -> Management:
-    settings = Settings(management_timeout_secs=0.2)
+def _management(store: FakeStore, hub: Hub, timeout: float = 0.2) -> Management:
+    settings = Settings(management_timeout_secs=timeout)
     return Management(settings=settings, store=store, hub=hub, client=None, task_queue=QUEUE)  # type: ignore[arg-type]
 
 
@@ -193,6 +203,27 @@ async def test_an_error_the_executor_reports_is_its_answer() -> None:
     a.attach(hub)
     answer = await _management(FakeStore([_row("a")]), hub).ask(ORG, APP, "get_workflow", {})
     assert answer.error == "workflow not found"
+
+
+async def test_a_slow_request_marks_its_executor_busy_until_it_ends_and_a_quick_one_never() -> None:
+    hub = Hub()
+    slow = Scripted("slow", silent)
+    conn = slow.attach(hub)
+    store = FakeStore([_row("slow")])
+    management = _management(store, hub, timeout=5)
+    asking = asyncio.create_task(management.ask(ORG, APP, "list_workflows", {}))
+    await asyncio.sleep(0.5)  # past SLOW_AFTER (0.2 s)
+    assert list(store.claims.values()) == ["slow"]
+    [request] = slow.asked
+    event = conn.session.receive(json.dumps({"type": "list_workflows", "request_id": request["request_id"]}))
+    assert isinstance(event, sm.Reply)
+    conn.deliver(event)
+    await asking
+    assert store.claims == {} and store.claimed == ["slow"]
+
+    slow.script = ok
+    await management.ask(ORG, APP, "list_workflows", {})
+    assert store.claimed == ["slow"]  # answered at once: no claim written
 
 
 def test_order_prefers_free_then_local_and_keeps_only_the_version_asked() -> None:
