@@ -24,7 +24,7 @@ class Connection:
     """One executor socket, after its handshake."""
 
     __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "signal", "_send",
-                 "_close", "_widen", "_wide", "_waiters")
+                 "_close", "_widen", "_wide", "_waiters", "_operator")
 
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
                  send: Send, close: Close, key_id: str = "", app_id: str = "", widen: Widen | None = None) -> None:
@@ -43,15 +43,36 @@ class Connection:
         self._widen = widen
         self._wide = 0  # requests in flight whose reply may be large
         self._waiters: dict[str, asyncio.Future[sm.Reply]] = {}
+        # Operators' requests go to the executor one at a time: the SDKs answer one request at a time, so a
+        # recovery sent meanwhile waits behind at most one of them, not behind a crowd queued in the SDK.
+        self._operator = asyncio.Lock()
 
     async def request(self, request_id: str, frame: str, *, timeout: timedelta, large_reply: bool = False
                       ) -> sm.Reply:
         """Send a request and wait for the reply carrying ``request_id``.
 
-        ``large_reply``: the reply may exceed RELAY_MAX_MESSAGE_BYTES (an operator's page of workflows), so the
-        socket takes frames up to RELAY_MAX_REPLY_BYTES while it is due. Asking for data must never cost an
-        executor its connection; the normal limit still holds whenever no such request is in flight.
+        ``large_reply``: an operator's request (workflow management), whose reply may exceed
+        RELAY_MAX_MESSAGE_BYTES (a page of workflows), so the socket takes frames up to RELAY_MAX_REPLY_BYTES
+        while it is due: asking for data must never cost an executor its connection; the normal limit holds
+        whenever no such request is in flight. Operators' requests are sent one at a time (waiting for the turn
+        counts toward ``timeout``); Relay's own (recovery, retention) go at once.
         """
+        if not large_reply:
+            return await self._request(request_id, frame, timeout=timeout, large_reply=False)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout.total_seconds()
+        try:
+            await asyncio.wait_for(self._operator.acquire(), timeout.total_seconds())
+        except TimeoutError:
+            raise ExecutorTimeoutError(f"executor {self.executor_id} was busy with other operators' requests "
+                                       f"for {timeout}") from None
+        try:
+            left = timedelta(seconds=max(deadline - loop.time(), 0.001))
+            return await self._request(request_id, frame, timeout=left, large_reply=True)
+        finally:
+            self._operator.release()
+
+    async def _request(self, request_id: str, frame: str, *, timeout: timedelta, large_reply: bool) -> sm.Reply:
         waiter: asyncio.Future[sm.Reply] = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = waiter
         self.session.expect(request_id)

@@ -86,8 +86,20 @@ class _Direct:
         return asyncio.run_coroutine_threadsafe(self._list(), self.loop).result(30)
 
     def close(self) -> None:
-        self.server.close()
+        async def shut() -> None:
+            self.server.close()
+            await self.server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(shut(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def _executor(stack: Stack, name: str, url: str, **extra: str) -> Proc:
@@ -150,13 +162,11 @@ def run(results: Results) -> None:
         env2 = {**stack.env, "RELAY_PORT": str(port2)}
         gateway2 = Proc("gateway-2", [RELAY, "gateway"], env=env2, logdir=stack.data_dir)
         stack.extra.append(gateway2)
-        wait_until(lambda: httpx.get(f"http://127.0.0.1:{port2}/healthz").status_code == 200, timeout=60,
-                   what="second gateway")
+        wait_until(lambda: _healthy(f"http://127.0.0.1:{port2}"), timeout=60, what="second gateway")
         _executor(stack, "routed-executor", f"ws://127.0.0.1:{port2}/")
         stack.wait_healthy(APP, 2, timeout=60)
         stack.extra[0].stop()  # the first executor: now only the routed one is HEALTHY
-        wait_until(lambda: list(stack.rest_executors(APP).values()).count("HEALTHY") == 1, timeout=30,
-                   what="one HEALTHY executor")
+        wait_until(lambda: len(stack.rest_executors(APP)) == 1, timeout=60, what="the first executor recovered")
         with stack.api() as client:
             _timed_lists(client, 5)
             routed = _timed_lists(client, max(20, n // 4))
@@ -193,8 +203,9 @@ def _p9(stack: Stack, results: Results, url: str) -> None:
         since = time.time()
         with ThreadPoolExecutor(50) as pool:
             futures = [pool.submit(hammer) for _ in range(50)]
-            time.sleep(3)
-            gen.call("close", prefix="fake-", start=0, count=3, mode="abort")
+            for i in range(3):  # one at a time, so that no recovery is sent to a fake about to drop
+                time.sleep(2.5)
+                gen.call("close", prefix="fake-", start=i, count=1, mode="abort")
             for future in futures:
                 future.result()
         took = 10.0

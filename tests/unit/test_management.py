@@ -244,21 +244,34 @@ def test_a_routed_reply_survives_packing_and_shrinks() -> None:
     assert len(packed) < len(json.dumps(body)) / 4
 
 
-async def test_the_limit_stays_raised_while_any_large_reply_is_due() -> None:
+async def test_operators_requests_go_one_at_a_time_and_relays_own_at_once() -> None:
+    """The SDKs answer one request at a time: a recovery sent while operators' requests crowd in waits behind at
+    most one of them. The frame limit is raised only while an operator's reply is due."""
     hub = Hub()
     a = Scripted("a", silent)
     conn = a.attach(hub)
 
-    async def slow(request_id: str) -> None:
-        await conn.request(request_id, json.dumps({"type": "list_workflows", "request_id": request_id}),
-                           timeout=timedelta(seconds=5), large_reply=True)
+    def request(request_id: str, kind: str, large: bool) -> asyncio.Task[sm.Reply]:
+        frame = json.dumps({"type": kind, "request_id": request_id})
+        return asyncio.create_task(conn.request(request_id, frame, timeout=timedelta(seconds=5), large_reply=large))
 
-    first, second = asyncio.create_task(slow("r1")), asyncio.create_task(slow("r2"))
-    await asyncio.sleep(0.01)
-    assert a.limits == [True]
-    for request_id, task in (("r1", first), ("r2", second)):
-        event = conn.session.receive(json.dumps({"type": "list_workflows", "request_id": request_id}))
+    def answer(request_id: str, kind: str) -> None:
+        event = conn.session.receive(json.dumps({"type": kind, "request_id": request_id, "success": True}))
         assert isinstance(event, sm.Reply)
         conn.deliver(event)
-        await task
-        assert a.limits == ([True] if request_id == "r1" else [True, False])
+
+    first, second = request("op-1", "list_workflows", True), request("op-2", "list_workflows", True)
+    await asyncio.sleep(0.01)
+    assert [r["request_id"] for r in a.asked] == ["op-1"] and a.limits == [True]
+    recovery = request("rec", "recovery", False)
+    await asyncio.sleep(0.01)
+    assert [r["request_id"] for r in a.asked] == ["op-1", "rec"]  # not behind op-2
+    answer("rec", "recovery")
+    await recovery
+    answer("op-1", "list_workflows")
+    await first
+    await asyncio.sleep(0.01)
+    assert [r["request_id"] for r in a.asked] == ["op-1", "rec", "op-2"]
+    answer("op-2", "list_workflows")
+    await second
+    assert a.limits == [True, False, True, False]
