@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import problems
-from api.routes import apps, health, metrics
+from api.routes import apps, health, metrics, queues, schedules, unsupported, versions, workflows
 from core.logs import install_redaction
 from core.models import make_engine
 from core.settings import Settings
@@ -64,4 +64,9 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
     app.include_router(apps.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(workflows.router)
+    app.include_router(queues.router)
+    app.include_router(schedules.router)
+    app.include_router(versions.router)
+    app.include_router(unsupported.router)
     return app

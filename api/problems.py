@@ -201,4 +201,8 @@ def _safe(value: Any) -> Any:
         text = json.dumps(value, allow_nan=False)  # inf and nan (from 1e999 in a body) are not JSON
     except (TypeError, ValueError, RecursionError):
         return repr(value)[:MAX_ECHO] if isinstance(value, bytes | float) else type(value).__name__
+    try:  # the response is UTF-8: a lone surrogate (valid in JSON text, "\\ud800") cannot be echoed as it is
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return text[:MAX_ECHO]
     return value if len(text) <= MAX_ECHO else text[:MAX_ECHO] + "…"

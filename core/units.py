@@ -85,3 +85,41 @@ def app_settings_to_rest(settings: Mapping[str, Any]) -> dict[str, Any]:
         name = APP_SETTING_REST_NAMES[field]
         out[name] = rest_duration(name, value) if isinstance(value, timedelta) else value
     return out
+
+
+# -- workflow management: the SDKs' conductor replies and requests --------------------------------------------
+
+
+def epoch_ms_text_to_datetime(value: str | int) -> datetime:
+    """An instant as the SDKs' conductor replies carry it: epoch milliseconds, as a decimal string
+    (``WorkflowsOutput.CreatedAt`` is ``str(created_at)`` in Python, ``String(createdAt)`` in TypeScript) or as an
+    integer (``ApplicationVersionOutput.version_timestamp``). Raises ``ValueError`` for anything else, and for an
+    instant a ``datetime`` cannot hold."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"not epoch milliseconds: {value!r}")
+    text = value.strip() if isinstance(value, str) else str(value)
+    if not text.lstrip("-").isdigit():
+        raise ValueError(f"not epoch milliseconds: {value!r}")
+    try:
+        return epoch_ms_to_datetime(int(text))
+    except OverflowError:
+        raise ValueError(f"epoch milliseconds out of range: {value!r}") from None
+
+
+def datetime_to_epoch_ms_text(value: datetime) -> str:
+    """The inverse of ``epoch_ms_text_to_datetime`` (to the millisecond), as the Python SDK writes it."""
+    return str(datetime_to_epoch_ms(value))
+
+
+def datetime_to_wire_iso(value: datetime) -> str:
+    """An instant for an SDK request field that the SDK parses with ``datetime.fromisoformat`` (list filters,
+    ``get_metrics``, ``backfill_schedule``): UTC with an explicit ``+00:00`` offset, which Python before 3.11
+    (no ``Z``), JavaScript's ``Date`` and Go's RFC 3339 parser all read. ``value`` must be timezone-aware."""
+    if value.tzinfo is None:
+        raise ValueError("naive datetime")
+    return value.astimezone(UTC).isoformat()
+
+
+def seconds_between(start: datetime, end: datetime) -> int:
+    """Whole seconds from ``start`` to ``end``, rounded down (a metric's ``granularity``)."""
+    return timedelta_to_seconds(end - start)

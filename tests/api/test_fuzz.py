@@ -23,6 +23,7 @@ from api.schemas import TOKEN_NAME_MAX
 from core.models import ApiKey
 from core.store import KEY_PREFIX, hash_key
 from tests.api.conftest import Api
+from tests.api.test_management import FakeManagement, install
 
 SPEC = Path(__file__).parents[2] / "api" / "spec" / "openapi.json"
 FUZZ_ORG = "fuzz"
@@ -76,6 +77,7 @@ def fuzz_key(api: Api) -> str:
     with Session(api.store.engine) as s:
         s.add(ApiKey(org=FUZZ_ORG, name=FUZZ_KEY_NAME, key_hash=hash_key(FUZZ_KEY)))
         s.commit()
+    install(api, FakeManagement())  # management routes answer as a dbos executor would, whatever they are sent
     APP.app = api.app
     return FUZZ_KEY
 
