@@ -295,3 +295,46 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
         code = relay.process.stop()
         assert code == 0, relay.process.output()[-3000:]
 
+
+
+def test_workflow_management_through_each_sdk(sdk: Sdk, fast: Relay, tmp_path: Path,
+                                              request: pytest.FixtureRequest) -> None:
+    """The Conductor console's reads and a cancel, answered by this SDK's executor: its replies (field names,
+    omitted nulls, string numbers) map onto the upstream schemas."""
+    app, sys_db = f"{sdk.name}-manage", _system_database(sdk, tmp_path, request)
+    _configure(fast, app, executorTimeoutSecs=60)
+    started = [sdk.start(fast, tmp_path, "a", app, sys_db, FINISHED_WORKFLOWS="done-1,done-2",
+                         PENDING_WORKFLOWS="stuck-1")]
+    with _stopped_at_end(started), fast.api() as api:
+        base = f"/v2/orgs/local/apps/{app}"
+        wait_until(lambda: sys_db.statuses() == {"done-1": "SUCCESS", "done-2": "SUCCESS", "stuck-1": "PENDING"},
+                   timeout=60, what="workflows created")
+        wait_until(lambda: list(fast.executors(app).values()) == ["HEALTHY"], timeout=30, what="HEALTHY")
+        [executor_id] = fast.executors(app)
+
+        listed = api.get(f"{base}/workflows", params={"sortDesc": True})
+        assert listed.status_code == 200, listed.text
+        by_id = {w["workflowId"]: w for w in listed.json()}
+        assert {i: w["status"] for i, w in by_id.items()} == {"done-1": "SUCCESS", "done-2": "SUCCESS",
+                                                              "stuck-1": "PENDING"}
+        assert by_id["done-1"]["workflowName"] == "finishes" or by_id["done-1"]["workflowName"].endswith("finishes")
+        assert by_id["stuck-1"]["appVersion"] == "v1"
+        assert by_id["stuck-1"]["executorId"] == executor_id
+        created = by_id["done-1"]["createdAt"]
+        assert isinstance(created, str) and created.startswith(str(time.gmtime().tm_year)), created
+
+        got = api.get(f"{base}/workflows/done-2")
+        assert got.status_code == 200, got.text
+        assert (got.json()["workflowId"], got.json()["status"]) == ("done-2", "SUCCESS")
+        assert api.get(f"{base}/workflows/no-such-workflow").status_code == 404
+        pending = api.post(f"{base}/workflows/search", json={"status": ["PENDING"]})
+        assert pending.status_code == 200, pending.text
+        assert [w["workflowId"] for w in pending.json()] == ["stuck-1"]
+        versions = api.get(f"{base}/versions")
+        assert versions.status_code == 200, versions.text
+
+        cancelled = api.post(f"{base}/workflows/stuck-1/cancel", json={})
+        assert cancelled.status_code == 204, cancelled.text
+        wait_until(lambda: sys_db.status("stuck-1") == "CANCELLED", timeout=15, what="stuck-1 CANCELLED")
+        [row] = [r for r in audit_rows_at(fast.db_url, app) if r.operation == "workflow.cancel"]
+        assert (row.executor_id, row.status) == (executor_id, "success")
