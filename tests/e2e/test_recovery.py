@@ -1,20 +1,33 @@
 """End to end, real processes: `relay dev` (embedded Temporal dev server, worker, gateway) and real
 `dbos==3.2.0` executors sharing a SQLite system database. One executor is SIGKILLed mid-workflow; its peer
-finishes the workflow."""
+finishes the workflow. Every test runs with Relay's store on SQLite (the session's `relay dev`), then on
+PostgreSQL (the executors' system database stays SQLite)."""
 
 from __future__ import annotations
 
 import sqlite3
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.postgres import postgres_cluster, relay_on_postgres
 from tests.support import VENV_BIN, Process, Relay, play_executor, wait_until
 
 pytestmark = pytest.mark.e2e
 EXECUTOR_APP = Path(__file__).parents[1] / "executor_app.py"
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def relay(request: pytest.FixtureRequest, relay: Relay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    """The session's `relay dev` (SQLite), then one whose store is a database of a private PostgreSQL cluster."""
+    if request.param == "sqlite":
+        yield relay
+        return
+    with postgres_cluster() as cluster, relay_on_postgres(cluster, tmp_path_factory.mktemp("relay-recovery-pg")) as pg:
+        yield pg
 
 
 def _executor(relay: Relay, tmp: Path, name: str, app: str, sys_db: Path, **extra: str) -> Process:

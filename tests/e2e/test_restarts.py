@@ -2,7 +2,9 @@
 `relay gateway`, each run on its own so each can be SIGKILLed alone and started again on the same data
 directory and ports. Whatever dies, the dead executor's grace timer fires at its original time (or at once if
 that passed while nothing could fire it), it is recovered exactly once (one ``executor.recovery.succeeded``,
-one ``executor.deleted``), and an executor that reconnected in the meantime is not recovered."""
+one ``executor.deleted``), and an executor that reconnected in the meantime is not recovered. The worker and gateway
+tests run with Relay's store on SQLite (in the data dir), then on PostgreSQL (a new database of a private cluster
+per test, which outlives every kill here); the executors' system database stays SQLite."""
 
 from __future__ import annotations
 
@@ -12,24 +14,28 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import Engine, create_engine
+from sqlmodel import col, select
 from temporalio.api.enums.v1 import EventType
 
 from cli.devserver import command
+from core.models import AuditLog
+from core.models import Executor as ExecutorRow
 from core.settings import Settings
 from core.temporal import connect
+from tests.postgres import PostgresCluster, postgres_cluster
 from tests.support import (
     VENV_BIN,
     AuditRow,
     Process,
     RawPeer,
-    audit_rows,
     dbos_executor,
     free_port,
     healthy,
-    registry,
     relay_env,
     wait_recorded,
     wait_until,
@@ -52,16 +58,20 @@ RECOVERY_OPS = ("executor.dead", "executor.recovery.dispatched", "executor.recov
 
 class Cluster:
     """Temporal, worker and gateway as three processes sharing one data dir; each can be killed and restarted
-    on the same ports (Temporal's SQLite file and Relay's database persist in the data dir)."""
+    on the same ports (Temporal's SQLite file persists in the data dir, and so does Relay's database unless
+    ``database_url`` puts it elsewhere). Everything that reads Relay's database goes through ``db_url``."""
 
-    def __init__(self, data_dir: Path) -> None:
+    def __init__(self, data_dir: Path, database_url: str | None = None) -> None:
         self.data_dir = data_dir
         self.temporal_settings = Settings(data_dir=data_dir, temporal_port=free_port(),
                                           temporal_ui_port=free_port())
         self.address = f"127.0.0.1:{self.temporal_settings.temporal_port}"
         self.env = relay_env(data_dir, RELAY_TEMPORAL_ADDRESS=self.address,
                              RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT_SECS),
-                             RELAY_RECOVERY_TIMEOUT_SECS="5")
+                             RELAY_RECOVERY_TIMEOUT_SECS="5",
+                             **({"RELAY_DATABASE_URL": database_url} if database_url else {}))
+        self.db_url = database_url or f"sqlite:///{data_dir / 'relay.db'}"
+        self._engine: Engine | None = None
         self.url = f"http://127.0.0.1:{self.env['RELAY_PORT']}"
         self.ws_url = f"ws://127.0.0.1:{self.env['RELAY_PORT']}/"
         self.processes: dict[str, Process] = {}
@@ -115,6 +125,8 @@ class Cluster:
         for name in ("gateway", "worker", "temporal"):
             if name in self.processes:
                 self.processes[name].stop()
+        if self._engine is not None:
+            self._engine.dispose()
 
     def api(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=10)
@@ -124,8 +136,28 @@ class Cluster:
             assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
             assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace_secs}).status_code == 204
 
+    def _read(self, query: Any) -> list[Any]:
+        """Rows of a query on Relay's database, through a pool of the test's own: the tests poll it every 50 ms
+        while processes start, and a new PostgreSQL connection per poll (a backend forked and ended) would take
+        CPU from them."""
+        if self._engine is None:
+            self._engine = create_engine(self.db_url)
+        with self._engine.connect() as conn:
+            return list(conn.execute(query).all())
+
+    def registry(self, app: str) -> dict[str, str]:
+        """Executor id → status, from Relay's database (so it works while no gateway runs)."""
+        rows = self._read(select(ExecutorRow.executor_id, ExecutorRow.status).where(ExecutorRow.app == app))
+        return {str(ex): str(status) for ex, status in rows}
+
+    def audit(self, app: str, executor_id: str) -> list[AuditRow]:
+        """The executor's audit rows, oldest first, from Relay's database (as ``tests.support.audit_rows_at``)."""
+        query = (select(AuditLog.operation, AuditLog.executor_id, AuditLog.emit_time, AuditLog.details)
+                 .where(AuditLog.app == app, AuditLog.executor_id == executor_id).order_by(col(AuditLog.emit_time)))
+        return [AuditRow(op, ex, t.timestamp(), d or {}) for op, ex, t, d in self._read(query)]
+
     def status(self, app: str, executor_id: str) -> str | None:
-        return registry(self.data_dir, app).get(executor_id)
+        return self.registry(app).get(executor_id)
 
     def wait_status(self, app: str, executor_id: str, status: str | None, *, timeout: float) -> float:
         return wait_until(lambda: self.status(app, executor_id) == status, timeout=timeout,
@@ -160,9 +192,20 @@ def _temporal_ready(address: str) -> bool:
         return False
 
 
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def store(request: pytest.FixtureRequest) -> Iterator[PostgresCluster | None]:
+    """Where Relay's store is: None for SQLite (in each test's data dir), else a private PostgreSQL cluster for the
+    module's tests (a new database per test)."""
+    if request.param == "sqlite":
+        yield None
+        return
+    with postgres_cluster() as pg:
+        yield pg
+
+
 @pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[Cluster]:
-    c = Cluster(tmp_path)
+def cluster(tmp_path: Path, store: PostgresCluster | None) -> Iterator[Cluster]:
+    c = Cluster(tmp_path, None if store is None else store.create_database())
     try:
         # Relay's database first: a worker and a gateway started side by side on a fresh database race to create
         # its tables, and one may exit with "table ... already exists" (reported as a bug).
@@ -194,6 +237,9 @@ def _assert_not_recovered(rows: list[AuditRow]) -> None:
     assert ops == ["executor.healthy", "executor.disconnected", "executor.reconnected"], ops
 
 
+# On SQLite only: its PostgreSQL variant costs ~30 s, and restarts against a store that outlives them are covered on
+# PostgreSQL by the worker and gateway tests below.
+@pytest.mark.parametrize("store", ["sqlite"], indirect=True)
 def test_everything_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
     """Temporal, worker and gateway SIGKILLed together mid-grace, restarted on the same data dir: a real
     executor's pending workflow is recovered once, at the original deadline, and finishes on its peer."""
@@ -206,12 +252,12 @@ def test_everything_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
     returner: RawPeer | None = None
     try:
         # One at a time: two executors migrating a brand-new SQLite system database at once can crash one.
-        wait_until(lambda: list(registry(tmp_path, app).values()) == ["HEALTHY"], timeout=60, what="A HEALTHY")
-        [a_id] = registry(tmp_path, app)
+        wait_until(lambda: list(cluster.registry(app).values()) == ["HEALTHY"], timeout=60, what="A HEALTHY")
+        [a_id] = cluster.registry(app)
         b = dbos_executor(cluster.ws_url, cluster.key, app, sys_db, tmp_path / "b.log",
                           STEP_SECONDS="0.25", STEP_LOG=str(tmp_path / "steps"))
-        wait_until(lambda: list(registry(tmp_path, app).values()) == ["HEALTHY"] * 2, timeout=60, what="B HEALTHY")
-        [b_id] = set(registry(tmp_path, app)) - {a_id}
+        wait_until(lambda: list(cluster.registry(app).values()) == ["HEALTHY"] * 2, timeout=60, what="B HEALTHY")
+        [b_id] = set(cluster.registry(app)) - {a_id}
         returner = RawPeer(cluster.ws_url, app, cluster.key, "returner", version=OTHER_VERSION)
         for executor_id in (a_id, "returner"):
             cluster.wait_recorded(app, executor_id)
@@ -230,24 +276,24 @@ def test_everything_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
         cluster.start_all()
         restarted = time.time()
         returner = RawPeer(cluster.ws_url, app, cluster.key, "returner", version=OTHER_VERSION)
-        a_disconnected = _one(audit_rows(tmp_path, app, a_id), "executor.disconnected").emit_time
+        a_disconnected = _one(cluster.audit(app, a_id), "executor.disconnected").emit_time
         assert restarted < a_disconnected + grace - 2, "the restart took too long to test a timer on time"
 
         wait_until(lambda: workflow_status(sys_db, workflow_id) == "SUCCESS", timeout=grace + 30,
                    what="the workflow SUCCESS on the peer")
         cluster.wait_status(app, a_id, None, timeout=10)
-        a_rows = audit_rows(tmp_path, app, a_id)
+        a_rows = cluster.audit(app, a_id)
         _assert_recovered_once(a_rows)
         assert _one(a_rows, "executor.recovery.succeeded").details["candidate"] == b_id
-        assert "executor.dead" not in _ops(audit_rows(tmp_path, app, b_id))
+        assert "executor.dead" not in _ops(cluster.audit(app, b_id))
         late = _one(a_rows, "executor.dead").emit_time - (a_disconnected + grace)
         assert -0.5 <= late <= DEAD_GATEWAY_SLACK, f"grace timer fired {late:+.2f}s off its original time"
         assert _steps(tmp_path / "steps", b.pid) > 0, "the peer ran none of the workflow's steps"
 
-        returner_deadline = _one(audit_rows(tmp_path, app, "returner"), "executor.disconnected").emit_time + grace
+        returner_deadline = _one(cluster.audit(app, "returner"), "executor.disconnected").emit_time + grace
         wait_until(lambda: time.time() > returner_deadline + 1, timeout=grace + 5, what="past the returner's grace")
         assert cluster.status(app, "returner") == "HEALTHY"
-        _assert_not_recovered(audit_rows(tmp_path, app, "returner"))
+        _assert_not_recovered(cluster.audit(app, "returner"))
         print(f"\nDEAD {late:+.2f}s from the original deadline")
     finally:
         a.stop()
@@ -277,7 +323,7 @@ def test_worker_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
         for app, executor_id in ((early, "dead"), (late, "dead"), (early, "returner")):
             cluster.wait_status(app, executor_id, "DISCONNECTED", timeout=5)
             cluster.wait_grace_armed(app, executor_id)
-        deadline = {app: _one(audit_rows(tmp_path, app, "dead"), "executor.disconnected").emit_time + grace
+        deadline = {app: _one(cluster.audit(app, "dead"), "executor.disconnected").emit_time + grace
                     for app, grace in ((early, early_grace), (late, late_grace))}
 
         cluster.kill("worker")
@@ -293,14 +339,14 @@ def test_worker_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
 
         for app in (early, late):
             cluster.wait_status(app, "dead", None, timeout=late_grace + 15)
-            _assert_recovered_once(audit_rows(tmp_path, app, "dead"))
+            _assert_recovered_once(cluster.audit(app, "dead"))
             assert [r["executor_ids"] for r in peers[app].requests_of("recovery")] == [["dead"]]
-        after_restart = _one(audit_rows(tmp_path, early, "dead"), "executor.dead").emit_time - worker_up
-        off_time = _one(audit_rows(tmp_path, late, "dead"), "executor.dead").emit_time - deadline[late]
+        after_restart = _one(cluster.audit(early, "dead"), "executor.dead").emit_time - worker_up
+        off_time = _one(cluster.audit(late, "dead"), "executor.dead").emit_time - deadline[late]
         print(f"\npassed deadline: DEAD {after_restart:.2f}s after the worker restarted; "
               f"later deadline: DEAD {off_time:+.2f}s from it")
         cluster.wait_status(early, "returner", "HEALTHY", timeout=15)
-        _assert_not_recovered(audit_rows(tmp_path, early, "returner"))
+        _assert_not_recovered(cluster.audit(early, "returner"))
         # Timing last, so a late timer does not hide the checks above. A workflow task for a workflow the killed
         # worker had cached goes to that worker's sticky queue first, and waits there for the worker's sticky
         # schedule-to-start timeout (the SDK's default is 10 s) before any other worker may take it.
@@ -327,7 +373,7 @@ def test_gateway_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
         dead.stop()
         cluster.wait_status(app, "dead", "DISCONNECTED", timeout=5)
         cluster.wait_grace_armed(app, "dead")
-        deadline = _one(audit_rows(tmp_path, app, "dead"), "executor.disconnected").emit_time + grace
+        deadline = _one(cluster.audit(app, "dead"), "executor.disconnected").emit_time + grace
 
         cluster.kill("gateway")  # no `disconnected` for peer and returner: the gateway watch must notice
         for executor_id in ("peer", "returner"):
@@ -339,17 +385,17 @@ def test_gateway_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
         assert time.time() < deadline - 0.5, "the restart took too long to test a timer on time"
 
         cluster.wait_status(app, "dead", None, timeout=grace + 20)
-        rows = audit_rows(tmp_path, app, "dead")
+        rows = cluster.audit(app, "dead")
         _assert_recovered_once(rows)
         late = _one(rows, "executor.dead").emit_time - deadline
         assert -0.5 <= late <= DEAD_GATEWAY_SLACK, f"grace timer fired {late:+.2f}s off its original time"
         assert [r["executor_ids"] for r in peer.requests_of("recovery")] == [["dead"]]
 
-        returner_deadline = _one(audit_rows(tmp_path, app, "returner"), "executor.disconnected").emit_time + grace
+        returner_deadline = _one(cluster.audit(app, "returner"), "executor.disconnected").emit_time + grace
         wait_until(lambda: time.time() > returner_deadline + 1, timeout=grace + 5, what="past the returner's grace")
         for executor_id in ("peer", "returner"):
             assert cluster.status(app, executor_id) == "HEALTHY"
-            _assert_not_recovered(audit_rows(tmp_path, app, executor_id))
+            _assert_not_recovered(cluster.audit(app, executor_id))
         print(f"\nDEAD {late:+.2f}s from the original deadline")
     finally:
         for p in (peer, dead, returner):

@@ -3,7 +3,9 @@ SQLite system database, and raw WebSocket clients playing executors to check the
 
 This module runs its own `relay dev` with a 30-day interval and the schedule paused, so rounds happen only when a
 test triggers one (a schedule fires on interval boundaries counted from the epoch: even a 1 h interval can fire
-mid-test). Triggering works while paused, as it does for an operator.
+mid-test). Triggering works while paused, as it does for an operator. The tests that use it run with Relay's store
+on SQLite, then on PostgreSQL (a private cluster; the executors' system database stays SQLite), reading the audit
+trail through the store's URL.
 """
 
 from __future__ import annotations
@@ -19,12 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleOverlapPolicy
 
 from core.temporal import connect
-from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, wait_until
+from tests.postgres import postgres_cluster, relay_on_postgres
+from tests.support import VENV_BIN, Process, Relay, audit_rows_at, play_executor, relay_env, start_relay, wait_until
 from workflows.contracts.retention import (
     RETENTION_SCHEDULE_ID,
     AppRetentionResult,
@@ -92,40 +94,30 @@ async def _app_result(client: Client, app: str) -> AppRetentionResult:
     return result
 
 
-def _start_relay(data_dir: Path, env: dict[str, str], log: str) -> Relay:
-    process = Process([str(VENV_BIN / "relay"), "dev"], env=env, log=data_dir / log)
-    url = f"http://127.0.0.1:{env['RELAY_PORT']}"
-
-    def up() -> bool:
-        try:
-            return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_until(up, timeout=60, what="relay dev up")
-    except AssertionError:
-        process.stop()
-        raise
-    key = (data_dir / "dev-key").read_text().strip()
-    return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir)
-
-
-@pytest.fixture(scope="module")
-def rr(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetentionRelay]:
-    data_dir = tmp_path_factory.mktemp("relay-retention")
-    env = relay_env(data_dir, RELAY_RETENTION_INTERVAL_SECS=str(LONG_INTERVAL_SECS),
-                    RELAY_RETENTION_GC_BATCH_SIZE=str(GC_BATCH_SIZE),
-                    RELAY_RECOVERY_TIMEOUT_SECS=str(REPLY_TIMEOUT_SECS))
-    relay = _start_relay(data_dir, env, "relay.log")
-    try:
-        rr = RetentionRelay(relay, f"127.0.0.1:{env['RELAY_TEMPORAL_PORT']}")
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def rr(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RetentionRelay]:
+    """This module's `relay dev`, its store on SQLite in its data dir, then on a database of a private PostgreSQL
+    cluster; stopped by PID at the end, and it must exit cleanly."""
+    data_dir = tmp_path_factory.mktemp(f"relay-retention-{request.param}")
+    settings = {"RELAY_RETENTION_INTERVAL_SECS": str(LONG_INTERVAL_SECS),
+                "RELAY_RETENTION_GC_BATCH_SIZE": str(GC_BATCH_SIZE),
+                "RELAY_RECOVERY_TIMEOUT_SECS": str(REPLY_TIMEOUT_SECS)}
+    with ExitStack() as stack:
+        if request.param == "sqlite":
+            relay = start_relay(data_dir, relay_env(data_dir, **settings))
+            stack.callback(_assert_stops_cleanly, relay)
+        else:
+            relay = stack.enter_context(relay_on_postgres(stack.enter_context(postgres_cluster()), data_dir,
+                                                          **settings))
+        rr = RetentionRelay(relay, relay.temporal_address)
         wait_until(lambda: rr.run(_schedule_exists), timeout=15, what="the retention schedule")
         rr.run(_pause)
         yield rr
-    finally:
-        code = relay.process.stop()
-        assert code == 0, relay.process.output()[-3000:]
+
+
+def _assert_stops_cleanly(relay: Relay) -> None:
+    code = relay.process.stop()
+    assert code == 0, relay.process.output()[-3000:]
 
 
 async def _schedule_exists(client: Client) -> bool:
@@ -145,10 +137,9 @@ def _configure(relay: Relay, app: str, **settings: int | None) -> None:
 
 
 def _audit(relay: Relay, app: str) -> list[tuple[str, str | None, dict[str, Any]]]:
-    with sqlite3.connect(relay.data_dir / "relay.db") as db:
-        rows = db.execute("SELECT operation, executor_id, details FROM auditlog WHERE app = ? AND operation LIKE "
-                          "'retention.%' ORDER BY emit_time", (app,)).fetchall()
-    return [(op, ex, json.loads(details)) for op, ex, details in rows]
+    """The app's ``retention.*`` audit rows, oldest first, from whichever database the relay's store is on."""
+    return [(row.operation, row.executor_id, row.details) for row in audit_rows_at(relay.db_url, app)
+            if row.operation.startswith("retention.")]
 
 
 def _now_ms() -> int:
@@ -163,6 +154,16 @@ def _answer(ws: Any, *, success: bool, error: str | None = None) -> dict[str, An
     ws.send(json.dumps({"type": "retention", "request_id": frame.get("request_id"), "success": success,
                         "error_message": error}))
     return frame
+
+
+def _answer_versions(ws: Any, versions: list[tuple[str, int]]) -> None:
+    """Answer the round's ``list_application_versions`` as the SDK does: ``(version_name, version_timestamp)``."""
+    frame: dict[str, Any] = json.loads(ws.recv(timeout=15))
+    assert frame == {"type": "list_application_versions", "request_id": frame.get("request_id")}, frame
+    output = [{"version_id": f"id-{name}", "version_name": name, "version_timestamp": ts, "created_at": ts}
+              for name, ts in versions]
+    ws.send(json.dumps({"type": "list_application_versions", "request_id": frame["request_id"], "output": output,
+                        "error_message": None}))
 
 
 def _nothing_queued(ws: Any) -> bool:
@@ -191,7 +192,9 @@ def test_wire_payload_failover_nothing_set_and_recent(rr: RetentionRelay) -> Non
         assert "local/ret-raw" in round_.started
         assert "local/ret-nothing-set" not in round_.started + round_.still_running
 
-        first = _answer(new, success=False, error="busy")  # the newest version's executor is asked first
+        # The round asks one executor (the one registered last) for the app's latest version, as the SDK has it.
+        _answer_versions(new, [("v1", 1_000), ("v2", 2_000)])
+        first = _answer(new, success=False, error="busy")  # the latest version's executor is asked first
         second = _answer(old, success=True)  # then another executor, after a backoff
         assert rr.app_result(app) == AppRetentionResult("SUCCEEDED", "raw-old", attempts=2)
         after = _now_ms()
@@ -334,7 +337,7 @@ async def _unpause(client: Client) -> None:
 def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_path: Path) -> None:
     env = relay_env(tmp_path, RELAY_RETENTION_INTERVAL_SECS="3600")
     temporal = f"127.0.0.1:{env['RELAY_TEMPORAL_PORT']}"
-    first = _start_relay(tmp_path, env, "first.log")
+    first = start_relay(tmp_path, env, "first.log")
     try:
         rr = RetentionRelay(first, temporal)
         wait_until(lambda: rr.run(_schedule_exists), timeout=15, what="the retention schedule")
@@ -349,7 +352,7 @@ def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_p
     finally:
         assert first.process.stop() == 0, first.process.output()[-2000:]
 
-    second = _start_relay(tmp_path, {**env, "RELAY_RETENTION_INTERVAL_SECS": "1"}, "second.log")
+    second = start_relay(tmp_path, {**env, "RELAY_RETENTION_INTERVAL_SECS": "1"}, "second.log")
     try:
         rr = RetentionRelay(second, temporal)
 
