@@ -23,7 +23,7 @@ from workflows.contracts.retention import (
 )
 
 
-def _run(temporal: str, call: Callable[[Client], Awaitable[Any]]) -> Any:
+def run_temporal(temporal: str, call: Callable[[Client], Awaitable[Any]]) -> Any:
     """One Temporal call from a synchronous test: a fresh client on a fresh loop."""
 
     async def go() -> Any:
@@ -32,15 +32,17 @@ def _run(temporal: str, call: Callable[[Client], Awaitable[Any]]) -> Any:
     return asyncio.run(go())
 
 
+async def schedule_exists(client: Client) -> bool:
+    """Whether the retention schedule is listed: listing reads the visibility store, which lags creation a little,
+    so callers poll."""
+    return [s.id async for s in await client.list_schedules()] == [RETENTION_SCHEDULE_ID]
+
+
 def pause_schedule(temporal: str) -> None:
     """Once the retention schedule exists: pause it, so that only triggered rounds run."""
 
-    async def exists(client: Client) -> bool:
-        # Listing reads the visibility store, which lags creation a little.
-        return [s.id async for s in await client.list_schedules()] == [RETENTION_SCHEDULE_ID]
-
-    wait_until(lambda: _run(temporal, exists), timeout=15, what="the retention schedule")
-    _run(temporal, lambda client: client.get_schedule_handle(RETENTION_SCHEDULE_ID).pause(
+    wait_until(lambda: run_temporal(temporal, schedule_exists), timeout=15, what="the retention schedule")
+    run_temporal(temporal, lambda client: client.get_schedule_handle(RETENTION_SCHEDULE_ID).pause(
         note="paused by the test: rounds on trigger only"))
 
 
@@ -66,7 +68,7 @@ def trigger_round(temporal: str) -> RetentionRoundResult:
                 action.workflow_id, result_type=RetentionRoundResult).result()
         return result
 
-    result: RetentionRoundResult = _run(temporal, trigger)
+    result: RetentionRoundResult = run_temporal(temporal, trigger)
     return result
 
 
@@ -79,5 +81,5 @@ def app_result(temporal: str, app: str, *, org: str = "local") -> AppRetentionRe
             result: AppRetentionResult = await handle.result()
         return result
 
-    result: AppRetentionResult = _run(temporal, wait)
+    result: AppRetentionResult = run_temporal(temporal, wait)
     return result

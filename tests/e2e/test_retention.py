@@ -10,7 +10,6 @@ trail through the store's URL.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import sys
@@ -22,17 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from temporalio.client import Client, ScheduleActionExecutionStartWorkflow, ScheduleOverlapPolicy
+from temporalio.client import Client, ScheduleOverlapPolicy
 
-from core.temporal import connect
 from tests.postgres import postgres_cluster, relay_on_postgres
+from tests.retention import app_result, pause_schedule, run_temporal, schedule_exists, trigger_round
 from tests.support import VENV_BIN, Process, Relay, audit_rows_at, play_executor, relay_env, start_relay, wait_until
 from workflows.contracts.retention import (
     RETENTION_SCHEDULE_ID,
     AppRetentionResult,
     RetentionInput,
     RetentionRoundResult,
-    app_retention_workflow_id,
 )
 
 pytestmark = pytest.mark.e2e
@@ -50,48 +48,13 @@ class RetentionRelay:
 
     def run(self, coro_fn: Any, *args: Any) -> Any:
         """Run one Temporal call from a synchronous test: a fresh client on a fresh loop."""
-
-        async def go() -> Any:
-            client = await connect(self.temporal, "default")
-            return await coro_fn(client, *args)
-
-        return asyncio.run(go())
+        return run_temporal(self.temporal, lambda client: coro_fn(client, *args))
 
     def trigger(self) -> RetentionRoundResult:
-        """Trigger the schedule once and return that round's result (its per-app rounds may still run)."""
-        result: RetentionRoundResult = self.run(_trigger)
-        return result
+        return trigger_round(self.temporal)
 
     def app_result(self, app: str) -> AppRetentionResult:
-        result: AppRetentionResult = self.run(_app_result, app)
-        return result
-
-
-async def _trigger(client: Client) -> RetentionRoundResult:
-    handle = client.get_schedule_handle(RETENTION_SCHEDULE_ID)
-    before = (await handle.describe()).info.num_actions
-    # ALLOW_ALL: a trigger is never dropped for overlapping a round still running (they take milliseconds).
-    await handle.trigger(overlap=ScheduleOverlapPolicy.ALLOW_ALL)
-    for _ in range(300):  # the action is recorded asynchronously
-        info = (await handle.describe()).info
-        if info.num_actions > before:
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("the triggered round never started")
-    action = info.recent_actions[-1].action
-    assert isinstance(action, ScheduleActionExecutionStartWorkflow)
-    async with asyncio.timeout(30):
-        result: RetentionRoundResult = await client.get_workflow_handle(
-            action.workflow_id, result_type=RetentionRoundResult).result()
-    return result
-
-
-async def _app_result(client: Client, app: str) -> AppRetentionResult:
-    handle = client.get_workflow_handle(app_retention_workflow_id("local", app), result_type=AppRetentionResult)
-    async with asyncio.timeout(30):
-        result: AppRetentionResult = await handle.result()
-    return result
+        return app_result(self.temporal, app)
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -109,24 +72,13 @@ def rr(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
         else:
             relay = stack.enter_context(relay_on_postgres(stack.enter_context(postgres_cluster()), data_dir,
                                                           **settings))
-        rr = RetentionRelay(relay, relay.temporal_address)
-        wait_until(lambda: rr.run(_schedule_exists), timeout=15, what="the retention schedule")
-        rr.run(_pause)
-        yield rr
+        pause_schedule(relay.temporal_address)
+        yield RetentionRelay(relay, relay.temporal_address)
 
 
 def _assert_stops_cleanly(relay: Relay) -> None:
     code = relay.process.stop()
     assert code == 0, relay.process.output()[-3000:]
-
-
-async def _schedule_exists(client: Client) -> bool:
-    # Listing reads the visibility store, which lags creation a little: callers poll.
-    return [s.id async for s in await client.list_schedules()] == [RETENTION_SCHEDULE_ID]
-
-
-async def _pause(client: Client) -> None:
-    await client.get_schedule_handle(RETENTION_SCHEDULE_ID).pause(note="paused by the test: rounds on trigger only")
 
 
 def _configure(relay: Relay, app: str, **settings: int | None) -> None:
@@ -340,7 +292,7 @@ def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_p
     first = start_relay(tmp_path, env, "first.log")
     try:
         rr = RetentionRelay(first, temporal)
-        wait_until(lambda: rr.run(_schedule_exists), timeout=15, what="the retention schedule")
+        wait_until(lambda: rr.run(schedule_exists), timeout=15, what="the retention schedule")
         ids, description = rr.run(_describe)
         assert ids == [RETENTION_SCHEDULE_ID]
         schedule = description.schedule
@@ -348,7 +300,8 @@ def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_p
         assert schedule.policy.overlap == ScheduleOverlapPolicy.SKIP
         assert schedule.policy.catchup_window.total_seconds() == 60
         assert schedule.action.workflow == "RetentionWorkflow"
-        rr.run(_pause)  # an operator pauses it: a restart must not undo that
+        # An operator pauses it: a restart must not undo that.
+        rr.run(lambda client: client.get_schedule_handle(RETENTION_SCHEDULE_ID).pause(note="paused"))
     finally:
         assert first.process.stop() == 0, first.process.output()[-2000:]
 
