@@ -434,8 +434,10 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def workflow_of(w: SdkWorkflow) -> Workflow:
+    """Every value is already of its field's type (``SdkWorkflow`` validated them): built without validating again,
+    as a page holds up to a thousand of them."""
     created = w.CreatedAt or w.UpdatedAt or EPOCH
-    return Workflow(
+    return Workflow.model_construct(
         workflowId=w.WorkflowUUID, status=w.Status or UNKNOWN_STATUS, workflowName=w.WorkflowName,
         workflowClass=w.WorkflowClassName, workflowConfig=w.WorkflowConfigName, user=w.AuthenticatedUser,
         assumedRole=w.AssumedRole, roles=w.AuthenticatedRoles, input=w.Input, output=w.Output, error=w.Error,

@@ -39,15 +39,18 @@ def optional_timedelta_to_ms(value: timedelta | None) -> int | None:
     return None if value is None else timedelta_to_ms(value)
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
 def datetime_to_epoch_ms(value: datetime) -> int:
     """Epoch milliseconds for the wire (retention cutoffs). ``value`` must be timezone-aware."""
     if value.tzinfo is None:
         raise ValueError("naive datetime")
-    return timedelta_to_ms(value - datetime(1970, 1, 1, tzinfo=UTC))
+    return timedelta_to_ms(value - EPOCH)
 
 
 def epoch_ms_to_datetime(ms: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + ms_to_timedelta(ms)
+    return EPOCH + timedelta(milliseconds=ms)
 
 
 def rest_duration(name: str, value: timedelta | None) -> int | None:

@@ -20,7 +20,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from api import conductor as c
 from api.deps import AppName, AppPrincipal, GatewayDep, OrgName, StoreDep, source_ip
@@ -206,7 +206,17 @@ def capped(m: Managed, ids: list[str], location: str = "body.workflowIds") -> li
 # -- reads -----------------------------------------------------------------------------------------------------
 
 
-@router.get("/workflows", operation_id="listWorkflows", summary="List workflows", responses=READ_ERRORS)
+_WORKFLOWS = TypeAdapter(list[c.Workflow])
+
+
+def workflows_response(reply: c.ListWorkflowsReply) -> Response:
+    """A page of workflows, serialized once (``response_model`` documents it; FastAPI would validate every
+    workflow again before serializing it)."""
+    return Response(_WORKFLOWS.dump_json([c.workflow_of(w) for w in reply.output]), media_type="application/json")
+
+
+@router.get("/workflows", operation_id="listWorkflows", summary="List workflows", responses=READ_ERRORS,
+            response_model=list[c.Workflow])
 async def list_workflows(
     m: ManagedDep,
     status: str | None = None,
@@ -216,21 +226,21 @@ async def list_workflows(
     sortDesc: bool = False,
     loadInput: bool = False,
     loadOutput: bool = False,
-) -> list[c.Workflow]:
+) -> Response:
     """Inputs and outputs are loaded only when asked; at most ``limit`` workflows (default 100, at most 1000)."""
     body = c.list_body_of_query(status=status, workflow_name=workflowName, limit=limit, offset=offset,
                                 sort_desc=sortDesc, load_input=loadInput, load_output=loadOutput)
     reply = await m.read("list_workflows", {"body": body}, c.ListWorkflowsReply)
-    return [c.workflow_of(w) for w in reply.output]
+    return workflows_response(reply)
 
 
 @router.post("/workflows/search", operation_id="searchWorkflows", summary="Search workflows",
-             responses=READ_ERRORS)
+             responses=READ_ERRORS, response_model=list[c.Workflow])
 async def search_workflows(
     m: ManagedDep, body: Annotated[c.WorkflowSearchBody, Body(default_factory=c.WorkflowSearchBody)],
-) -> list[c.Workflow]:
+) -> Response:
     reply = await m.read("list_workflows", {"body": c.list_body_of_search(body)}, c.ListWorkflowsReply)
-    return [c.workflow_of(w) for w in reply.output]
+    return workflows_response(reply)
 
 
 @router.get("/workflows/{workflowId}", operation_id="getWorkflow", summary="Get workflow", responses=READ_ERRORS)
