@@ -1,8 +1,9 @@
 """A real DBOS executor (dbos==3.2.0) for end-to-end tests, run as a subprocess.
 
 Environment: RELAY_URL, RELAY_KEY, APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that
-each step appends "<pid> <step>" to), STEP_SECONDS, EXECUTOR_METADATA (a JSON object sent in executor_info), and
-START_WORKFLOW (a workflow id to start once the file START_WORKFLOW_WHEN exists).
+each step appends "<pid> <step>" to), STEP_SECONDS, EXECUTOR_METADATA (a JSON object sent in executor_info),
+METADATA_ONLY ("1": the conductor client's metadata-only mode), and START_WORKFLOW (a workflow id to start once
+the file START_WORKFLOW_WHEN exists).
 
 For retention tests: FINISHED_WORKFLOWS (comma-separated workflow ids run to completion at launch) and
 PENDING_WORKFLOWS (comma-separated workflow ids started at launch that wait, PENDING, for an hour).
@@ -31,6 +32,7 @@ DBOS(config={
     "conductor_url": os.environ["RELAY_URL"],
     "conductor_key": os.environ["RELAY_KEY"],
     "conductor_executor_metadata": json.loads(os.environ.get("EXECUTOR_METADATA") or "null"),
+    "conductor_metadata_only_mode": os.environ.get("METADATA_ONLY") == "1",
 })
 
 STEPS = 20

@@ -157,6 +157,27 @@ def test_a_reply_over_the_frame_limit_costs_the_executor_nothing(relay: Relay, a
             if r.operation.startswith("executor.")] == ["executor.healthy"]
 
 
+def test_an_executor_in_metadata_only_mode_refuses_data_with_a_409_and_withholds_inputs(
+        relay: Relay, tmp_path: Path) -> None:
+    name, sys_db = "metadata-only", PYTHON.system_database(tmp_path, None)
+    with _api(relay) as api:
+        assert api.put(name).status_code == 204
+        executor = PYTHON.start(relay, tmp_path, "executor", name, sys_db, METADATA_ONLY="1",
+                                BIG_WORKFLOWS="m1", BIG_BYTES="10")
+        try:
+            wait_until(lambda: list(relay.executors(name).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
+            wait_until(lambda: sys_db.status("m1") == "SUCCESS", timeout=30, what="m1")
+            exported = api.get(f"{name}/workflows/m1/export")
+            assert exported.status_code == 409, exported.text
+            assert exported.headers["content-type"] == "application/problem+json"
+            assert "metadata-only" in exported.json()["detail"]
+            listed = _ok(api.get(f"{name}/workflows", params={"loadInput": True, "loadOutput": True}))
+            [m1] = [w for w in listed if w["workflowId"] == "m1"]
+            assert m1["status"] == "SUCCESS" and m1["input"] is None and m1["output"] is None
+        finally:
+            executor.stop()
+
+
 def test_no_executor_is_a_503_and_a_silent_one_a_502_naming_it(relay: Relay) -> None:
     with _api(relay) as api:
         assert api.put("silent-app").status_code == 204
