@@ -39,13 +39,7 @@ def _lenient_int(value: Any) -> int | None:
 def _iso_or_none(value: Any) -> datetime | None:
     """``last_fired_at``: the scheduler's ``datetime.isoformat()``, naive when its clock was (taken as UTC). A
     value that does not parse is reported as unknown rather than failing the whole list."""
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)
+    return units.iso_to_utc(value)
 
 
 EpochMs = Annotated[datetime | None, BeforeValidator(_epoch_ms)]

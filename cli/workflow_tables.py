@@ -23,13 +23,7 @@ _COARSE = (("d", "days"), ("h", "hours"), ("m", "minutes"), ("s", "seconds"))
 
 def instant(value: Json) -> datetime | None:
     """An API date-time as an aware datetime (one without a zone is taken as UTC); None if it is not one."""
-    if not isinstance(value, str):
-        return None
-    try:
-        parsed = datetime.fromisoformat(value)
-    except ValueError:
-        return None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return units.iso_to_utc(value)
 
 
 def age(value: Json, now: datetime) -> str:

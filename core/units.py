@@ -126,3 +126,15 @@ def datetime_to_wire_iso(value: datetime) -> str:
 def seconds_between(start: datetime, end: datetime) -> int:
     """Whole seconds from ``start`` to ``end``, rounded down (a metric's ``granularity``)."""
     return timedelta_to_seconds(end - start)
+
+
+def iso_to_utc(value: object) -> datetime | None:
+    """An ISO 8601 instant as an aware UTC datetime (one without a zone is taken as UTC); None for anything that
+    is not one (a value shown to a person, or passed on, rather than failing a whole list)."""
+    if not isinstance(value, str):
+        return None
+    try:
+        parsed = datetime.fromisoformat(value)
+    except ValueError:
+        return None
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed.astimezone(UTC)

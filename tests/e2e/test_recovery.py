@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.postgres import postgres_cluster, relay_on_postgres
+from tests.sdk import steps_by_pid
 from tests.support import VENV_BIN, Process, Relay, play_executor, wait_until
 
 pytestmark = pytest.mark.e2e
@@ -50,15 +51,6 @@ def _checkpointed_steps(sys_db: Path, workflow_id: str) -> set[int]:
     return {int(r[0]) - 1 for r in rows}
 
 
-def _steps_by_pid(log: Path) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    if log.exists():
-        for line in log.read_text().splitlines():
-            pid, step = line.split()
-            out.setdefault(int(pid), []).append(int(step))
-    return out
-
-
 def test_sigkilled_executor_is_recovered_by_its_peer(relay: Relay, tmp_path: Path) -> None:
     app, workflow_id, sys_db = "orders-e2e", "e2e-twenty-steps", tmp_path / "sys.sqlite"
     with relay.api() as client:
@@ -79,7 +71,7 @@ def test_sigkilled_executor_is_recovered_by_its_peer(relay: Relay, tmp_path: Pat
         b_id = next(e for e in relay.executors(app) if e != a_id)
 
         go.touch()
-        wait_until(lambda: len(_steps_by_pid(tmp_path / "steps.log").get(a.pid, [])) >= 5, timeout=30,
+        wait_until(lambda: len(steps_by_pid(tmp_path / "steps.log").get(a.pid, [])) >= 5, timeout=30,
                    what="A ran 5 steps")
         a.kill()
         killed_at = time.monotonic()
@@ -96,7 +88,7 @@ def test_sigkilled_executor_is_recovered_by_its_peer(relay: Relay, tmp_path: Pat
         wait_until(lambda: a_id not in relay.executors(app), timeout=10, what="A's record deleted")
         assert relay.executors(app) == {b_id: "HEALTHY"}
 
-        steps = _steps_by_pid(tmp_path / "steps.log")
+        steps = steps_by_pid(tmp_path / "steps.log")
         by_b = set(steps[b.pid])
         assert by_b, "B ran no step"
         assert not (done_by_a & by_b), f"steps checkpointed by A ran again on B: {done_by_a & by_b}"
