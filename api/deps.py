@@ -27,12 +27,13 @@ bearer = HTTPBearer(auto_error=False, scheme_name="ApiKeyAuth",
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
-def get_store(request: Request) -> Store:
+# ``async``, though they do no I/O: FastAPI runs a plain ``def`` dependency on the thread pool, a hop per call.
+async def get_store(request: Request) -> Store:
     store: Store = request.app.state.store
     return store
 
 
-def get_gateway(request: Request) -> Gateway:
+async def get_gateway(request: Request) -> Gateway:
     gateway: Gateway = request.app.state.gateway
     return gateway
 
