@@ -38,6 +38,7 @@ from gateway.admission import Admission
 from gateway.http_limits import MAX_HEADERS, MAX_LINE, BodyLimit, GuardedHTTP, head_status, http_protocol
 from gateway.revocation import Watcher
 from gateway.runtime import Gateway
+from tests.transports import ServerTransport
 from tests.unit.test_wire_fuzz import JOINED, FakeGateway, Frame, Peer, _gateway_log, _protocol, _registered, _turns
 from workflows.contracts.common import lifecycle_workflow_id
 
@@ -118,36 +119,13 @@ async def _upgrade_status(gw: FakeGateway, key: str, app: str = "shop") -> int |
     """The HTTP status an upgrade with ``key`` is answered with by a real ``ExecutorSocket`` (101: accepted)."""
     protocol = _protocol(gw)
     client = ClientProtocol(parse_uri(f"ws://relay.test/websocket/{app}/{key}"))
-    transport = _Transport(client)
+    transport = ServerTransport(client)
     protocol.connection_made(transport)
     await asyncio.wait_for(protocol._open(client.connect(), app, key), 5)
     responses = [e for e in client.events_received() if hasattr(e, "status_code")]
     transport.closing = True
     protocol.connection_lost(None)
     return responses[0].status_code if responses else None
-
-
-class _Transport(asyncio.Transport):
-    """What an ``ExecutorSocket`` writes goes to a real websockets client protocol."""
-
-    def __init__(self, client: ClientProtocol) -> None:
-        super().__init__()
-        self.client, self.closing = client, False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.client.receive_data(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("10.0.0.7", 50_000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
 
 
 # -- refusing wrong keys before the upgrade, quietly -------------------------------------------------------------
@@ -198,51 +176,6 @@ class _Records(logging.Handler):
 # -- the HTTP layer: head limits, the header timeout, refusals before the upgrade --------------------------------
 
 
-class HTTPTransport(asyncio.Transport):
-    """The server side of one connection: what is written is kept; reading may be paused; the protocol may be
-    switched (an upgrade)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-        self.paused = False
-        self.protocol: asyncio.BaseProtocol | None = None
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        self.paused = True
-
-    def resume_reading(self) -> None:
-        self.paused = False
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.protocol = protocol
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        assert self.protocol is not None
-        return self.protocol
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("10.0.0.8", 40_000), "sockname": ("127.0.0.1", 8090)}.get(name, default)
-
-    @property
-    def status(self) -> int | None:
-        line = bytes(self.written).partition(b"\r\n")[0].split(b" ")
-        return int(line[1]) if len(line) > 1 else None
-
-
 async def _ok_app(scope: Any, receive: Any, send: Any) -> None:
     if scope["type"] == "http":
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]})
@@ -254,14 +187,14 @@ async def _ok_app(scope: Any, receive: Any, send: Any) -> None:
 
 
 def _http(*, header_timeout: float = 5, before_upgrade: http_limits.BeforeUpgrade | None = None,
-          refusal_delay: float = 1) -> tuple[GuardedHTTP, HTTPTransport]:
+          refusal_delay: float = 1) -> tuple[GuardedHTTP, ServerTransport]:
     """A connection's HTTP protocol object, as Relay configures uvicorn's."""
     cls = http_protocol(header_timeout=timedelta(seconds=header_timeout), before_upgrade=before_upgrade,
                         refusal_delay=timedelta(seconds=refusal_delay))
     config = uvicorn.Config(_ok_app, log_config=None, http=cls, ws="websockets-sansio", access_log=False)
     config.load()
     protocol = cls(config, ServerState(), {})
-    transport = HTTPTransport()
+    transport = ServerTransport(peer=("10.0.0.8", 40_000))
     transport.protocol = protocol
     protocol.connection_made(transport)
     return protocol, transport
@@ -410,7 +343,7 @@ async def test_a_refused_upgrade_is_answered_after_the_refusal_delay() -> None:
     protocol, transport = _http(before_upgrade=refuse, refusal_delay=0.1)
     protocol.data_received(_head("/websocket/shop/dbos_wrong", upgrade=True))
     assert seen == [("/websocket/shop/dbos_wrong", "10.0.0.8")]
-    assert transport.written == b"" and transport.paused and transport.protocol is protocol
+    assert transport.written == b"" and not transport.reading and transport.protocol is protocol
     await _until(lambda: transport.closing, timeout=1)
     assert transport.status == 401
     protocol.connection_lost(None)

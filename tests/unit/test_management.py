@@ -212,7 +212,10 @@ async def test_a_slow_request_marks_its_executor_busy_until_it_ends_and_a_quick_
     store = FakeStore([_row("slow")])
     management = _management(store, hub, timeout=5)
     asking = asyncio.create_task(management.ask(ORG, APP, "list_workflows", {}))
-    await asyncio.sleep(0.5)  # past SLOW_AFTER (0.2 s)
+    for _ in range(200):  # a claim is written once the request has been unanswered for SLOW_AFTER (0.2 s)
+        if store.claims:
+            break
+        await asyncio.sleep(0.01)
     assert list(store.claims.values()) == ["slow"]
     [request] = slow.asked
     event = conn.session.receive(json.dumps({"type": "list_workflows", "request_id": request["request_id"]}))

@@ -37,6 +37,7 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from gateway import http_limits, ws
+from tests.transports import ServerTransport
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,35 +81,6 @@ async def _no_app(scope: Any, receive: Any, send: Any) -> None:
     raise AssertionError("not reached")
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-        self.reading = True
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        self.reading = False
-
-    def resume_reading(self) -> None:
-        self.reading = True
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("10.0.0.7", 50_000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-
 def _config(**kwargs: Any) -> uvicorn.Config:
     config = uvicorn.Config(_no_app, log_config=None, **kwargs)
     config.load()
@@ -149,9 +121,9 @@ def test_instance_attributes() -> None:
     loop = asyncio.new_event_loop()
     try:
         sansio = WebSocketsSansIOProtocol(_config(), ServerState(), {}, _loop=loop)
-        sansio.connection_made(_Transport())
+        sansio.connection_made(ServerTransport())
         http = H11Protocol(_config(ws="websockets-sansio"), ServerState(), {}, _loop=loop)
-        http.connection_made(_Transport())
+        http.connection_made(ServerTransport())
     finally:
         loop.close()
     assert sorted(a for a in SANSIO_ATTRIBUTES if not hasattr(sansio, a)) == []
@@ -235,7 +207,7 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 def test_the_upgrade_and_each_message_reach_the_hooks(loop: asyncio.AbstractEventLoop) -> None:
     protocol = _Recording(_config(ws_ping_interval=None), ServerState(), {}, _loop=loop)
-    protocol.connection_made(_Transport())
+    protocol.connection_made(ServerTransport())
     protocol.data_received(b"GET /websocket/app/key HTTP/1.1\r\nHost: relay.test\r\nUpgrade: websocket\r\n"
                            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
                            b"Sec-WebSocket-Version: 13\r\n\r\n")
@@ -273,7 +245,7 @@ def test_pings_go_through_the_ticker_not_per_socket_timers(loop: asyncio.Abstrac
         return call_later(delay, callback, *args)
 
     monkeypatch.setattr(loop, "call_later", recording)
-    transport = _Transport()
+    transport = ServerTransport()
     protocol.connection_made(transport)
     protocol.conn = ServerProtocol(state=State.OPEN, max_size=None)
     protocol.start_keepalive()
@@ -299,7 +271,7 @@ def test_the_upgrade_reaches_the_h11_hook(loop: asyncio.AbstractEventLoop) -> No
     cls = http_limits.http_protocol(header_timeout=timedelta(seconds=5), before_upgrade=refuse,
                                     refusal_delay=timedelta(0))
     protocol = cls(_config(http=cls, ws="websockets-sansio"), ServerState(), {}, _loop=loop)
-    transport = _Transport()
+    transport = ServerTransport()
     protocol.connection_made(transport)
     protocol.data_received(b"GET /websocket/app/key HTTP/1.1\r\nHost: relay.test\r\nUpgrade: websocket\r\n"
                            b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"

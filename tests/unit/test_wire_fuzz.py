@@ -40,6 +40,7 @@ from gateway import ws
 from gateway.admission import Admission
 from gateway.hub import Connection, Hub
 from gateway.runtime import Gateway
+from tests.transports import ServerTransport
 from workflows.contracts.common import ConnectedSignal
 
 # Audit rows and log lines quote the reason: a frame of megabytes must not make one of megabytes.
@@ -317,36 +318,6 @@ test_session_state_machine = SessionMachine.TestCase
 HANDSHAKE = Frame("stands for a valid executor_info reply to the request the server sent")
 
 
-class FakeTransport(asyncio.Transport):
-    """The server side's transport: whatever the protocol writes is parsed by a real client protocol."""
-
-    def __init__(self, client: ClientProtocol) -> None:
-        super().__init__()
-        self.client = client
-        self.closing = False
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.client.receive_data(bytes(data))
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def abort(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return {"peername": ("10.0.0.7", 50_000), "sockname": ("127.0.0.1", 8080)}.get(name, default)
-
-
 async def _no_app(scope: Any, receive: Any, send: Any) -> None:
     raise AssertionError("executor sockets never reach the ASGI app")
 
@@ -367,7 +338,7 @@ class Peer:
         self.protocol.conn = ServerProtocol(state=State.OPEN, max_size=None)
         self.protocol.handshake_complete = True
         self.client = ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
-        self.transport = FakeTransport(self.client)
+        self.transport = ServerTransport(self.client)
         self.protocol.connection_made(self.transport)
         self.info_request_id: str | None = None
         self.closed: tuple[int, str] | None = None
@@ -626,7 +597,7 @@ async def test_a_socket_gone_while_being_admitted_gives_its_key_slot_back(leaves
     gw = FakeGateway()
     protocol = _protocol(gw)
     client = ClientProtocol(parse_uri("ws://relay.test/websocket/shop/dbos_not-a-real-key"))
-    transport = FakeTransport(client)
+    transport = ServerTransport(client)
     protocol.connection_made(transport)
     request = client.connect()
     opening = asyncio.ensure_future(protocol._open(request, "shop", "dbos_not-a-real-key"))
