@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import random
 import signal
@@ -49,6 +50,17 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         chosen: int = s.getsockname()[1]
         return chosen
+
+
+class LogRecords(logging.Handler):
+    """A logging handler that keeps every record it is given, for tests about what is logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 class Process:

@@ -38,6 +38,7 @@ from gateway.admission import Admission
 from gateway.http_limits import MAX_HEADERS, MAX_LINE, BodyLimit, GuardedHTTP, head_status, http_protocol
 from gateway.revocation import Watcher
 from gateway.runtime import Gateway
+from tests.support import LogRecords
 from tests.transports import ServerTransport
 from tests.unit.test_wire_fuzz import JOINED, FakeGateway, Frame, Peer, _gateway_log, _protocol, _registered, _turns
 from workflows.contracts.common import lifecycle_workflow_id
@@ -150,7 +151,7 @@ def test_wrong_keys_are_refused_before_the_upgrade_and_reported_once() -> None:
 async def test_an_executor_refusal_writes_no_line_of_websockets_own() -> None:
     gw = FakeGateway()
     gw.admission = Admission(clock=time.monotonic, unknown_key_lookups_per_second=1e-9, live_keys=frozenset())
-    handler = _Records()
+    handler = LogRecords()
     uvicorn_log = logging.getLogger("uvicorn.error")
     level = uvicorn_log.level
     uvicorn_log.setLevel(logging.INFO)
@@ -162,15 +163,6 @@ async def test_an_executor_refusal_writes_no_line_of_websockets_own() -> None:
         uvicorn_log.removeHandler(handler)
         uvicorn_log.setLevel(level)
     assert [r.getMessage() for r in handler.records] == []  # websockets' "connection rejected (401 ...)" is gone
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 # -- the HTTP layer: head limits, the header timeout, refusals before the upgrade --------------------------------

@@ -40,6 +40,7 @@ from gateway import ws
 from gateway.admission import Admission
 from gateway.hub import Connection, Hub
 from gateway.runtime import Gateway
+from tests.support import LogRecords
 from tests.transports import ServerTransport
 from workflows.contracts.common import ConnectedSignal
 
@@ -442,19 +443,10 @@ class FakeGateway:
         await asyncio.gather(*self.background)
 
 
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
-
-
 @contextmanager
 def _gateway_log() -> Iterator[list[logging.LogRecord]]:
     """The gateway's log records (hypothesis runs many examples per test, so caplog cannot be used)."""
-    handler = _Records()
+    handler = LogRecords()
     logger = logging.getLogger("relay.gateway")
     level = logger.level
     logger.setLevel(logging.INFO)  # the ignored frames too

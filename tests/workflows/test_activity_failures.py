@@ -14,15 +14,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from core.logs import OneLineActivityFailures, install_redaction
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__()
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+from tests.support import LogRecords
 
 
 @activity.defn(name="hardening_peer_gone")
@@ -56,7 +48,7 @@ async def test_a_deliberate_activity_failure_is_one_line_a_bug_keeps_its_traceba
         time_skipping_env: WorkflowEnvironment) -> None:
     install_redaction()
     assert any(isinstance(f, OneLineActivityFailures) for f in logging.getLogger("temporalio.activity").filters)
-    handler = _Records()
+    handler = LogRecords()
     logger = logging.getLogger("temporalio.activity")
     logger.addHandler(handler)
     queue = f"hardening-{uuid.uuid4()}"
