@@ -19,13 +19,16 @@ REPORT_EVERY = timedelta(seconds=60)
 
 
 @dataclass
-class _Bucket:
+class TokenBucket:
+    """A token bucket on a monotonic clock (seconds), for rate limits."""
+
     tokens: float
     updated: float
 
-    def take(self, now: float, rate: float) -> bool:
-        """Refill at ``rate`` tokens a second (``rate`` at most), then take one if there is one."""
-        self.tokens = min(rate, self.tokens + (now - self.updated) * rate)
+    def take(self, now: float, rate: float, capacity: float | None = None) -> bool:
+        """Refill at ``rate`` tokens a second (up to ``capacity``, by default one second's worth), then take one
+        if there is one."""
+        self.tokens = min(rate if capacity is None else capacity, self.tokens + (now - self.updated) * rate)
         self.updated = now
         if self.tokens < 1:
             return False
@@ -44,10 +47,10 @@ class Admission:
     unknown_key_lookups_per_second: float = 10.0
     # The SHA-256 hashes of the live keys at the last refresh (None: not loaded yet, every key is looked up).
     live_keys: frozenset[str] | None = None
-    _lookups: _Bucket | None = None
+    _lookups: TokenBucket | None = None
     _granted: dict[str, float] = field(default_factory=dict)
     _unknown: dict[str, float] = field(default_factory=dict)
-    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    _buckets: dict[str, TokenBucket] = field(default_factory=dict)
     _open: dict[str, int] = field(default_factory=dict)
     _reported: dict[tuple[str, str], float] = field(default_factory=dict)
     suppressed: int = 0
@@ -72,7 +75,7 @@ class Admission:
             return
         rate = self.unknown_key_lookups_per_second
         if self._lookups is None:
-            self._lookups = _Bucket(tokens=rate, updated=now)
+            self._lookups = TokenBucket(tokens=rate, updated=now)
         if not self._lookups.take(now, rate):
             raise AuthError("unknown or revoked API key")
         if len(self._granted) > 1000:  # grants never taken up (the client left), once expired
@@ -98,7 +101,7 @@ class Admission:
             raise RateLimitedError(f"this key already holds {self.max_connections_per_key} connections")
         now = self.clock()
         rate = self.handshakes_per_second
-        bucket = self._buckets.setdefault(key_id, _Bucket(tokens=rate, updated=now))
+        bucket = self._buckets.setdefault(key_id, TokenBucket(tokens=rate, updated=now))
         if not bucket.take(now, rate):
             raise RateLimitedError("too many handshakes for this key; retry shortly")
         self._open[key_id] = self._open.get(key_id, 0) + 1

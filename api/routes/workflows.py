@@ -15,6 +15,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
@@ -35,6 +36,7 @@ from core.errors import (
     RelayError,
 )
 from core.store import Principal, Store, subject_of
+from gateway.admission import TokenBucket
 from gateway.management import Answer, Pick
 from gateway.runtime import Gateway
 
@@ -110,16 +112,12 @@ class BulkLimiter:
     """A token bucket per (org, app): ``per_minute`` bulk operations a minute, in bursts of as many."""
 
     per_minute: int
-    buckets: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)  # tokens, when
+    buckets: dict[tuple[str, str], TokenBucket] = field(default_factory=dict)
 
     def take(self, key: tuple[str, str], now: float) -> bool:
-        tokens, then = self.buckets.get(key, (float(self.per_minute), now))
-        tokens = min(float(self.per_minute), tokens + (now - then) * self.per_minute / 60)
-        if tokens < 1:
-            self.buckets[key] = (tokens, now)
-            return False
-        self.buckets[key] = (tokens - 1, now)
-        return True
+        """``now``: a monotonic clock's seconds."""
+        bucket = self.buckets.setdefault(key, TokenBucket(tokens=self.per_minute, updated=now))
+        return bucket.take(now, rate=self.per_minute / timedelta(minutes=1).total_seconds(), capacity=self.per_minute)
 
 
 @dataclass(frozen=True)
