@@ -12,7 +12,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from api.schemas import PRINTABLE_PATTERN, TOKEN_NAME_MAX, extended
 from core.errors import AuthError, ForbiddenError
 from core.names import APP_PATTERN, ORG_PATTERN
-from core.store import Principal, Store
+from core.store import AppAccess, Principal, Store
 from gateway.runtime import Gateway
 
 OrgName = Annotated[str, Path(min_length=3, max_length=30, pattern=ORG_PATTERN)]
@@ -69,9 +69,21 @@ AdminPrincipal = Annotated[Principal, Depends(admin_principal)]
 async def app_principal(p: OrgPrincipal, appName: AppName) -> Principal:
     """As ``org_principal``, and 403 for a key not allowed for the app (before any 404 for it, so a restricted
     key cannot probe which apps exist)."""
-    if not p.allows(appName):
-        raise ForbiddenError(f"this key is not allowed for app {appName!r}")
+    p.require(appName)
     return p
 
 
 AppPrincipal = Annotated[Principal, Depends(app_principal)]
+
+
+async def app_access(request: Request, orgName: OrgName, appName: AppName, credentials: Credentials) -> AppAccess:
+    """``app_principal`` and the app's row (404 when it is not registered), with the app's management candidates,
+    read in one thread-pool hop: for the workflow-management routes, where that hop is a tenth of the latency."""
+    if credentials is None:
+        raise AuthError("missing bearer token")
+    store: Store = request.app.state.store
+    return await run_in_threadpool(store.authorize_app, credentials.credentials, orgName, appName,
+                                  with_candidates=True)
+
+
+AppAccessDep = Annotated[AppAccess, Depends(app_access)]

@@ -44,7 +44,7 @@ from core.errors import (
 )
 from core.models import Executor
 from core.settings import Settings
-from core.store import Store
+from core.store import Candidates, Store
 from gateway.hub import Hub
 from workflows.contracts.management import (
     ExecutorRequestInput,
@@ -120,8 +120,12 @@ class Management:
         self._task_queue = task_queue
 
     async def ask(self, org: str, app: str, kind: str, fields: Mapping[str, Any], *, pick: Pick = Pick.ANY,
-                  version: str | None = None, timeout: timedelta | None = None) -> Answer:
+                  version: str | None = None, timeout: timedelta | None = None,
+                  candidates: Candidates | None = None) -> Answer:
         """Send ``{"type": kind, "request_id": <new>, **fields}`` to one executor of the app and return its reply.
+
+        ``candidates``: the app's ``Store.management_candidates``, when the caller has just read them (a REST
+        route reads them with its key check); else they are read here.
 
         Raises:
             NoExecutorError: no HEALTHY executor (of ``version``, or of the latest one, for ``Pick.LATEST``).
@@ -129,17 +133,18 @@ class Management:
             ExecutorRefusedError: the executor refused (metadata-only mode).
         """
         timeout = timeout or self._settings.management_timeout
+        if candidates is None:
+            candidates = await asyncio.to_thread(self._store.management_candidates, org, app)
         if pick is Pick.LATEST and version is None:
-            version = await self.latest_version(org, app, timeout=timeout)
-        rows, busy = await asyncio.to_thread(self._store.management_candidates, org, app)
+            version = await self.latest_version(org, app, timeout=timeout, candidates=candidates)
         local = {c.executor_id for c in self._hub.in_app(org, app)}
-        candidates = order(rows, busy=busy, local=local, version=version)
-        if not candidates:
+        ordered = order(candidates.executors, busy=candidates.busy, local=local, version=version)
+        if not ordered:
             of = f" on application version {version!r}" if version is not None else ""
             raise NoExecutorError(f"no HEALTHY executor of app {app!r}{of} is connected")
         tried: list[str] = []
         reasons: list[str] = []
-        for row in candidates[:MAX_TRIES]:
+        for row in ordered[:MAX_TRIES]:
             tried.append(row.executor_id)
             request_id = str(uuid.uuid4())
             frame = wire.management_request(kind, request_id, dict(fields))
@@ -161,10 +166,11 @@ class Management:
         raise ExecutorsFailedError(f"no executor of app {app!r} answered {kind}: " + "; ".join(reasons)[:1000],
                                    tried=tried)
 
-    async def latest_version(self, org: str, app: str, *, timeout: timedelta | None = None) -> str | None:
+    async def latest_version(self, org: str, app: str, *, timeout: timedelta | None = None,
+                             candidates: Candidates | None = None) -> str | None:
         """The app's latest application version, as its executors' SDK defines it (the newest
         ``version_timestamp``); None when the SDK reports none."""
-        answer = await self.ask(org, app, "list_application_versions", {}, timeout=timeout)
+        answer = await self.ask(org, app, "list_application_versions", {}, timeout=timeout, candidates=candidates)
         return latest_version(answer.body)
 
     async def _ask_one(self, row: Executor, request_id: str, frame: str, timeout: timedelta) -> dict[str, Any]:

@@ -21,10 +21,10 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 
 from api import conductor as c
-from api.deps import AppName, AppPrincipal, GatewayDep, OrgName, StoreDep, source_ip
+from api.deps import AppAccessDep, source_ip
 from api.problems import responses
 from api.schemas import MAX_JSON_INT
 from core.errors import (
@@ -35,7 +35,7 @@ from core.errors import (
     RateLimitedError,
     RelayError,
 )
-from core.store import Principal, Store, subject_of
+from core.store import Candidates, Principal, Store, subject_of
 from gateway.admission import TokenBucket
 from gateway.management import Answer, Pick
 from gateway.runtime import Gateway
@@ -132,10 +132,14 @@ class Managed:
     store: Store
     gateway: Gateway
     limiter: BulkLimiter
+    prefetched: list[Candidates] = field(default_factory=list)
 
     async def ask(self, kind: str, fields: Mapping[str, Any], *, pick: Pick = Pick.ANY,
                   version: str | None = None) -> Answer:
-        answer = await self.gateway.management.ask(self.org, self.app, kind, fields, pick=pick, version=version)
+        # The candidates read with the key check serve the first request; a bulk action's later ones read afresh.
+        candidates = self.prefetched.pop() if self.prefetched else None
+        answer = await self.gateway.management.ask(self.org, self.app, kind, fields, pick=pick, version=version,
+                                                   candidates=candidates)
         check(answer, kind)
         return answer
 
@@ -181,12 +185,13 @@ def _limiter(request: Request, gateway: Gateway) -> BulkLimiter:
     return limiter
 
 
-async def managed(orgName: OrgName, appName: AppName, p: AppPrincipal, store: StoreDep, gateway: GatewayDep,
-                  request: Request) -> Managed:
+async def managed(access: AppAccessDep, request: Request) -> Managed:
     """The app must be registered (404); the key allowed for it (403, checked first)."""
-    app = await run_in_threadpool(store.get_app, orgName, appName)
-    return Managed(org=orgName, app=appName, app_id=app.id, principal=p, source_ip=source_ip(request), store=store,
-                   gateway=gateway, limiter=_limiter(request, gateway))
+    gateway: Gateway = request.app.state.gateway
+    app = access.app
+    return Managed(org=app.org, app=app.name, app_id=app.id, principal=access.principal, source_ip=source_ip(request),
+                   store=gateway.store, gateway=gateway, limiter=_limiter(request, gateway),
+                   prefetched=[access.candidates] if access.candidates is not None else [])
 
 
 ManagedDep = Annotated[Managed, Depends(managed)]
@@ -204,13 +209,10 @@ def capped(m: Managed, ids: list[str], location: str = "body.workflowIds") -> li
 # -- reads -----------------------------------------------------------------------------------------------------
 
 
-_WORKFLOWS = TypeAdapter(list[c.Workflow])
-
-
 def workflows_response(reply: c.ListWorkflowsReply) -> Response:
-    """A page of workflows, serialized once (``response_model`` documents it; FastAPI would validate every
-    workflow again before serializing it)."""
-    return Response(_WORKFLOWS.dump_json([c.workflow_of(w) for w in reply.output]), media_type="application/json")
+    """A page of workflows, serialized once straight from the SDK's rows (``response_model`` documents it;
+    FastAPI would validate every workflow again before serializing it)."""
+    return Response(c.dump_workflows(reply.output), media_type="application/json")
 
 
 @router.get("/workflows", operation_id="listWorkflows", summary="List workflows", responses=READ_ERRORS,
@@ -241,13 +243,14 @@ async def search_workflows(
     return workflows_response(reply)
 
 
-@router.get("/workflows/{workflowId}", operation_id="getWorkflow", summary="Get workflow", responses=READ_ERRORS)
-async def get_workflow(m: ManagedDep, workflowId: WorkflowId) -> c.Workflow:
+@router.get("/workflows/{workflowId}", operation_id="getWorkflow", summary="Get workflow", responses=READ_ERRORS,
+            response_model=c.Workflow)
+async def get_workflow(m: ManagedDep, workflowId: WorkflowId) -> Response:
     reply = await m.read("get_workflow", {"workflow_id": workflowId, "load_input": True, "load_output": True},
                          c.GetWorkflowReply)
     if reply.output is None:
         raise NotFoundError(f"workflow {workflowId!r} not found")
-    return c.workflow_of(reply.output)
+    return Response(c.dump_workflow(reply.output), media_type="application/json")
 
 
 @router.get("/workflows/{workflowId}/steps", operation_id="listWorkflowSteps", summary="List workflow steps",

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -19,6 +20,7 @@ from dbos._conductor import protocol as p
 
 from api.routes.workflows import BulkLimiter
 from core.errors import ExecutorsFailedError, NoExecutorError
+from core.store import Candidates
 from gateway.management import Answer, Management, Pick
 from tests.api.conftest import ORG, Api
 from tests.api.test_compat import (
@@ -159,6 +161,7 @@ class Sent:
     fields: dict[str, Any]
     pick: Pick
     version: str | None
+    candidates: Candidates | None = None
 
 
 @dataclass
@@ -172,8 +175,9 @@ class FakeManagement:
     executor_id: str = EXECUTOR
 
     async def ask(self, org: str, app: str, kind: str, fields: Mapping[str, Any], *, pick: Pick = Pick.ANY,
-                  version: str | None = None, timeout: timedelta | None = None) -> Answer:
-        self.sent.append(Sent(org, app, kind, dict(fields), pick, version))
+                  version: str | None = None, timeout: timedelta | None = None,
+                  candidates: Candidates | None = None) -> Answer:
+        self.sent.append(Sent(org, app, kind, dict(fields), pick, version, candidates))
         assert_the_sdk_reads(kind, fields)
         if self.fail is not None:
             raise self.fail
@@ -638,6 +642,8 @@ async def test_bulk_by_filter_applies_per_id_and_reports_each(env: Env) -> None:
     outcomes = {r["workflowId"]: r["outcome"] for r in body["results"]}
     assert outcomes == {"a": "success", "b": "failure", "c": "success"}
     assert "no such workflow" in next(r["error"] for r in body["results"] if r["workflowId"] == "b")
+    # The candidates read with the key check serve the first request only (the list); each cancel reads afresh.
+    assert [s.candidates is not None for s in env.fake.sent] == [True, False, False, False]
     cancels = [s for s in env.fake.sent if s.kind == "cancel"]
     assert sorted(s.fields["workflow_id"] for s in cancels) == ["a", "b", "c"]
     assert all(s.fields["cancel_children"] for s in cancels)
@@ -709,3 +715,14 @@ async def test_any_json_string_is_carried_and_audited_storably(env: Env) -> None
     # pydantic refuses a lone surrogate in a string: a 422 that echoes it escaped, not a 500
     problem = assert_problem(await post(f"{BASE}/workflows/import", {"serializedWorkflow": "\ud800"}), 422)
     assert problem["errors"][0]["value"] == '"\\ud800"'
+
+
+async def test_a_route_hands_the_candidates_it_read_with_the_key_check_to_the_request(env: Env) -> None:
+    env.api.record(APP, "cand-1")
+    try:
+        assert (await env.client.get(f"{BASE}/workflows")).status_code == 200
+        sent = env.fake.last.candidates
+        assert sent is not None and "cand-1" in {e.executor_id for e in sent.executors}
+        assert sent.busy == set()
+    finally:
+        env.api.store.delete_executor(org=ORG, app=APP, executor_id="cand-1", event_key=uuid.uuid4().hex, details={})

@@ -5,6 +5,7 @@ an SDK reply of an upstream value must give that value back, unit for unit."""
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -102,7 +103,24 @@ def sdk_notification(n: c.Notification) -> dict[str, Any]:
 @given(workflows)
 @settings(max_examples=200)
 def test_workflow_round_trip(w: c.Workflow) -> None:
-    assert c.workflow_of(c.SdkWorkflow.model_validate(sdk_workflow(w))) == w
+    assert workflow_of(c.SdkWorkflow.model_validate(sdk_workflow(w))) == w
+
+
+def workflow_of(row: c.SdkWorkflow) -> c.Workflow:
+    return c.Workflow.model_validate_json(c.dump_workflow(row))
+
+
+def test_every_sdk_workflow_field_maps_to_an_upstream_one_in_order() -> None:
+    aliases = [f.serialization_alias for f in c.SdkWorkflow.model_fields.values()]
+    assert aliases == list(c.Workflow.model_fields)
+
+
+def test_a_page_is_the_list_of_its_workflows() -> None:
+    rows = [c.SdkWorkflow.model_validate({"WorkflowUUID": f"w{i}", "CreatedAt": str(i)}) for i in range(3)]
+    page = json.loads(c.dump_workflows(rows))
+    assert page == [json.loads(c.dump_workflow(row)) for row in rows]
+    assert [w["createdAt"] for w in page] == [f"1970-01-01T00:00:00.00{i}000Z" if i else "1970-01-01T00:00:00Z"
+                                             for i in range(3)]
 
 
 @given(st.builds(c.Step, stepId=int32, stepName=texts, output=maybe_text, error=maybe_text,
@@ -162,12 +180,12 @@ def test_metric_is_one_bucket_over_the_range(start: datetime, seconds: int) -> N
 def test_integers_the_typescript_sdk_leaves_undefined_are_absent() -> None:
     row = c.SdkWorkflow.model_validate({"WorkflowUUID": "w", "CreatedAt": "5", "Priority": "undefined",
                                         "WorkflowTimeoutMS": None, "Unknown": 1})
-    workflow = c.workflow_of(row)
+    workflow = workflow_of(row)
     assert (workflow.priority, workflow.timeoutMs) == (0, None)
     assert workflow.createdAt == workflow.updatedAt == datetime(1970, 1, 1, 0, 0, 0, 5000, tzinfo=UTC)
 
 
-@pytest.mark.parametrize("created", ["yesterday", "1.5", True, [1], "9" * 30])
+@pytest.mark.parametrize("created", ["yesterday", "1e3", True, [1], "9" * 30, "2025-01-01T00:00:00"])
 def test_an_instant_that_is_not_epoch_milliseconds_is_refused(created: Any) -> None:
     with pytest.raises(ValidationError):
         c.SdkWorkflow.model_validate({"WorkflowUUID": "w", "CreatedAt": created})
@@ -313,7 +331,7 @@ def test_workflow_as_the_python_sdk_encodes_it(w: c.Workflow) -> None:
     reply = p.ListWorkflowsResponse(type=p.MessageType.LIST_WORKFLOWS, request_id="r",
                                     output=[p.WorkflowsOutput.from_workflow_information(info)])
     parsed = c.ListWorkflowsReply.model_validate_json(reply.to_json())
-    assert [c.workflow_of(x) for x in parsed.output] == [w.model_copy(update={"roles": None, "attributes": None})]
+    assert [workflow_of(x) for x in parsed.output] == [w.model_copy(update={"roles": None, "attributes": None})]
 
 
 def _epoch(value: datetime | None) -> int | None:

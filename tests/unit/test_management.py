@@ -17,6 +17,7 @@ import pytest
 from core.errors import ExecutorRefusedError, ExecutorsFailedError, NoExecutorError
 from core.models import Executor
 from core.settings import Settings
+from core.store import Candidates
 from gateway import session as sm
 from gateway.hub import Connection, Hub
 from gateway.management import Management, Pick, order
@@ -41,9 +42,9 @@ class FakeStore:
     claims: dict[str, str] = field(default_factory=dict)  # request id -> executor id
     claimed: list[str] = field(default_factory=list)  # every executor ever claimed
 
-    def management_candidates(self, org: str, app: str) -> tuple[list[Executor], set[str]]:
+    def management_candidates(self, org: str, app: str) -> Candidates:
         assert (org, app) == (ORG, APP)
-        return list(self.rows), set(self.busy) | set(self.claims.values())
+        return Candidates(list(self.rows), set(self.busy) | set(self.claims.values()))
 
     def claim_for_management(self, *, org: str, app: str, executor_id: str, request_id: str) -> None:
         self.claims[request_id] = executor_id
