@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from cli import admin as admin_cli
 from cli import workflows as workflows_cli
 from core.errors import RelayError
+from core.logs import configure as configure_logging
 from core.logs import install_redaction
 from core.models import make_engine
 from core.names import DEFAULT_ORG
@@ -52,8 +53,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=os.environ.get("RELAY_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    try:
+        configure_logging(level=os.environ.get("RELAY_LOG_LEVEL", "INFO"),
+                          style=os.environ.get("RELAY_LOG_FORMAT", "text").lower())
+    except ValueError as err:  # an unknown level or format: say which, without a traceback
+        raise SystemExit(f"relay: {err}") from None
     install_redaction()
     settings = Settings()
     if args.command in ("dev", "gateway", "worker"):

@@ -47,6 +47,7 @@ def _server(settings: Settings) -> _Server:
         ws_per_message_deflate=settings.ws_permessage_deflate,
         ws_max_size=settings.max_message_bytes,
         log_level="info",
+        log_config=None,  # Relay's own logging (core.logs.configure): one format, RELAY_LOG_FORMAT, for every line
         lifespan="on",
     )
     return _Server(config)

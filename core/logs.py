@@ -1,20 +1,30 @@
-"""Logging set-up: keys scrubbed from every record (they travel in the WebSocket path), Relay's deliberate activity
-failures logged as one line each (not a traceback), and the Temporal SDK's retry noise, while Temporal is
-unreachable, cut down to one line per kind per minute and a count of the rest."""
+"""Logging set-up: text or JSON lines (``configure``), keys scrubbed from every record (they travel in the
+WebSocket path), Relay's deliberate activity failures logged as one line each (not a traceback), and the Temporal
+SDK's retry noise, while Temporal is unreachable, cut down to one line per kind per minute and a count of the
+rest."""
 
 from __future__ import annotations
 
 import asyncio
 import atexit
+import json
 import logging
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio.exceptions import ApplicationError, CancelledError
-from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+from temporalio.runtime import (
+    LogForwardingConfig,
+    LoggingConfig,
+    PrometheusConfig,
+    Runtime,
+    TelemetryConfig,
+    TelemetryFilter,
+)
 
 # The last path segment of /websocket/{app}/{key}, and any dbos_ key anywhere else in a message.
 _WS_PATH = re.compile(r"(/websocket/[^/\s\"']+/)[^\s\"'?]+")
@@ -23,6 +33,40 @@ _KEY = re.compile(r"dbos_[A-Za-z0-9_\-]{8,}")
 
 def scrub(text: str) -> str:
     return _KEY.sub("dbos_<redacted>", _WS_PATH.sub(r"\1<redacted>", text))
+
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# What a structured line carries besides its message, when the record has it (``log.info(..., extra={...})``):
+# enough to follow one executor, one lifecycle workflow or one request across processes.
+CONTEXT = ("org", "app", "executor_id", "workflow_id", "request_id")
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object per record (``RELAY_LOG_FORMAT=json``): time (UTC, RFC 3339), level, logger, message, the
+    ``CONTEXT`` fields the record has, and a traceback as ``exc``. Every value is scrubbed of keys again: a context
+    value or a traceback may hold a path that the filters, which see only the message, did not."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, str] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        for name in CONTEXT:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = str(value)
+        if record.exc_info:
+            line["exc"] = self.formatException(record.exc_info)
+        return json.dumps({name: scrub(value) for name, value in line.items()}, ensure_ascii=False)
+
+
+def configure(*, level: str = "INFO", style: str = "text") -> None:
+    """The root logger's one handler, on stderr: ``style`` "text" (a line per record) or "json" (``JsonLines``).
+    Call it first thing in a process; uvicorn is told not to configure logging, so its lines come here too."""
+    if style not in ("text", "json"):
+        raise ValueError(f"RELAY_LOG_FORMAT must be text or json, not {style!r}")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if style == "json" else logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
 
 
 class RedactKeys(logging.Filter):
@@ -185,19 +229,23 @@ class SdkLogThrottle(logging.Filter):
             logging.getLogger(SUMMARY_LOGGER).warning(summary)
 
 
-def install_temporal_sdk_logging() -> SdkLogThrottle:
+def install_temporal_sdk_logging(*, metrics: PrometheusConfig | None = None) -> SdkLogThrottle:
     """Route the SDK's Rust core logs through Python logging, and throttle the SDK's warnings on every handler of
     the root logger (the one ``relay``'s ``main`` configures).
 
     By default Core writes its own ANSI-coloured lines straight to stderr, past Python's format, filters and
     level. Forwarded, they are records on ``temporalio.core`` like any other. Call it once per process, before
     the first Temporal client: a client keeps the runtime it was made with.
+
+    Args:
+        metrics: Where the SDK serves its own Prometheus metrics, set on the same runtime.
     """
     forwarding = LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False,
                                      prepend_target_on_message=False, append_log_fields_to_message=False)
     logging_config = LoggingConfig(filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),
                                    forwarding=forwarding)
-    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config)), error_if_already_set=False)
+    Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config, metrics=metrics)),
+                        error_if_already_set=False)
     throttle = next((f for h in logging.getLogger().handlers for f in h.filters if isinstance(f, SdkLogThrottle)),
                     None)
     if throttle is None:
