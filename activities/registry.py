@@ -1,4 +1,10 @@
-"""Database activities, run by the worker on the shared task queue, on behalf of the lifecycle workflow."""
+"""Database activities, run by the worker on the shared task queue, on behalf of the lifecycle workflow.
+
+They also report each lifecycle event once, where it is written: a console line (connected, disconnected, DEAD,
+recovery dispatched, succeeded, failed, blocked, called off) with ``org``, ``app``, ``executor_id``, ``workflow_id``
+and ``request_id`` as record attributes, and the worker's metrics (``core.metrics``). Only the call that wrote the
+event's row reports it (the store says so): an activity retried after its row landed reports nothing again.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy.exc import SQLAlchemyError
@@ -15,10 +21,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
-from core import units
+from core import metrics, units
 from core.errors import NotFoundError
 from core.store import Store, outage, unavailable
-from workflows.contracts.common import Activity, Candidate, DisconnectedSignal, lifecycle_workflow_id
+from workflows.contracts.common import (
+    Activity,
+    Candidate,
+    DisconnectedSignal,
+    ExecutorStatus,
+    lifecycle_workflow_id,
+)
 from workflows.contracts.gateway_watch import DisconnectGatewayInput, DisconnectGatewayResult
 from workflows.contracts.lifecycle import (
     DeleteExecutorInput,
@@ -80,7 +92,7 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.RECORD_STATUS)
     async def record_status(self, input: RecordStatusInput) -> None:
-        dead = await self._call(
+        written = await self._call(
             self._store.record_status,
             org=input.org, app=input.app, executor_id=input.executor_id,
             status=input.status, operation=input.operation, event_key=input.event_key,
@@ -88,7 +100,9 @@ class RegistryActivities:
             connection_id=input.connection_id, gateway_queue=input.gateway_queue,
             details={**input.details, **units.rest_durations(input.durations)},
         )
-        await self._wake_waiting_recoveries(input, dead)
+        if written.written:
+            _report_status(input)
+        await self._wake_waiting_recoveries(input, written.dead)
 
     async def _wake_waiting_recoveries(self, input: RecordStatusInput, dead: list[str]) -> None:
         """A peer is HEALTHY: DEAD executors' workflows waiting for one look again now, not at their next check."""
@@ -125,12 +139,18 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.WRITE_AUDIT)
     async def write_audit(self, input: WriteAuditInput) -> None:
-        await self._call(
+        written = await self._call(
             self._store.write_audit,
             org=input.org, app=input.app, executor_id=input.executor_id, operation=input.operation,
             status=input.status, details={**input.details, **units.rest_durations(input.durations)},
             event_key=input.event_key,
         )
+        if written and input.operation in _RECOVERY_EVENTS:
+            dead_since = None
+            if input.operation == "executor.recovery.succeeded":  # the record is deleted after this, not before
+                dead_since = await self._call(self._store.dead_since, org=input.org, app=input.app,
+                                              executor_id=input.executor_id)
+            _report_recovery(input, dead_since)
 
     @activity.defn(name=Activity.DELETE_EXECUTOR)
     async def delete_executor(self, input: DeleteExecutorInput) -> None:
@@ -163,3 +183,72 @@ class RegistryActivities:
     def all(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
                 self.delete_executor, self.disconnect_gateway_executors]
+
+
+# -- reporting lifecycle events: a console line each, and metrics -------------------------------------------------
+
+_CONNECTED = {"executor.healthy": "connected", "executor.reconnected": "reconnected",
+              "executor.superseded": "connected again (a new socket superseded its previous one)"}
+_RECOVERY_EVENTS = frozenset({"executor.recovery.dispatched", "executor.recovery.succeeded",
+                              "executor.recovery.failed", "executor.recovery.blocked",
+                              "executor.recovery.cancelled"})
+
+
+def _extra(org: str, app: str, executor_id: str, **more: object) -> dict[str, object]:
+    """The record attributes a structured log line carries (``core.logs``)."""
+    return {"org": org, "app": app, "executor_id": executor_id, "workflow_id": activity.info().workflow_id, **more}
+
+
+def _seconds_since(then: datetime | None) -> float | None:
+    return None if then is None else (datetime.now(UTC) - then).total_seconds()
+
+
+def _report_status(input: RecordStatusInput) -> None:
+    org, app, executor_id, status = input.org, input.app, input.executor_id, input.status
+    metrics.TRANSITIONS.labels(org, app, status).inc()
+    extra = _extra(org, app, executor_id)
+    if status == ExecutorStatus.HEALTHY:
+        delay = _seconds_since(input.connected_at)
+        if delay is not None:
+            metrics.SIGNAL_DELAY.observe(max(delay, 0.0))
+        version = input.info.application_version if input.info else ""
+        log.info("executor %s of %s/%s %s (version %r)", executor_id, org, app,
+                 _CONNECTED.get(input.operation, "is HEALTHY"), version, extra=extra)
+    elif status == ExecutorStatus.DISCONNECTED:
+        grace = input.durations.get("executorTimeoutSecs")
+        log.info("executor %s of %s/%s disconnected; DEAD unless it reconnects within %s", executor_id, org, app,
+                 f"{grace.total_seconds():g} s" if grace is not None else "its grace", extra=extra)
+    elif status == ExecutorStatus.DEAD:
+        late = _seconds_since(input.grace_deadline)
+        if late is not None:
+            metrics.DEAD_LATENESS.observe(max(late, 0.0))
+        log.warning("executor %s of %s/%s is DEAD%s; recovering its workflows", executor_id, org, app,
+                    f" ({late:.2f} s after its grace ended)" if late is not None else "", extra=extra)
+
+
+def _report_recovery(input: WriteAuditInput, dead_since: datetime | None) -> None:
+    org, app, executor_id, details = input.org, input.app, input.executor_id, input.details
+    request_id = details.get("request_id")
+    extra = _extra(org, app, executor_id, **({"request_id": request_id} if request_id else {}))
+    peer, attempt = details.get("candidate"), details.get("attempt")
+    if input.operation == "executor.recovery.dispatched":
+        log.info("recovery of executor %s of %s/%s dispatched to %s (attempt %s)", executor_id, org, app, peer,
+                 attempt, extra=extra)
+    elif input.operation == "executor.recovery.succeeded":
+        metrics.RECOVERIES.labels(org, app, "succeeded").inc()
+        took = _seconds_since(dead_since)
+        if took is not None:
+            metrics.RECOVERY_DURATION.labels(org, app).observe(max(took, 0.0))
+        log.info("executor %s of %s/%s recovered by %s (attempt %s%s)", executor_id, org, app, peer, attempt,
+                 f", {took:.2f} s after DEAD" if took is not None else "", extra=extra)
+    elif input.operation == "executor.recovery.failed":
+        metrics.RECOVERIES.labels(org, app, "failed").inc()
+        log.warning("recovery of executor %s of %s/%s by %s failed (attempt %s): %s", executor_id, org, app, peer,
+                    attempt, str(details.get("reason", ""))[:300], extra=extra)
+    elif input.operation == "executor.recovery.blocked":
+        metrics.RECOVERIES.labels(org, app, "blocked").inc()
+        log.warning("recovery of executor %s of %s/%s blocked: %s", executor_id, org, app, details.get("reason"),
+                    extra=extra)
+    elif input.operation == "executor.recovery.cancelled":
+        log.info("recovery of executor %s of %s/%s called off: %s", executor_id, org, app, details.get("reason"),
+                 extra=extra)

@@ -1,6 +1,8 @@
 """Database activities of the retention rounds, run by the worker on the shared task queue.
 
 The socket-bound one (``dispatch_retention``) is in ``gateway.activities``, with the other requests to executors.
+Rounds are counted where their audit rows are written (``relay_retention_rounds_total{org,app,outcome}``: succeeded
+and failed per attempt, skipped), once per row as in ``activities.registry``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from typing import Any
 
 from temporalio import activity
 
-from core import units, wire
+from core import metrics, units, wire
 from core.store import Store
 from workflows.contracts.common import Activity, Candidate
 from workflows.contracts.retention import (
@@ -48,15 +50,21 @@ class RetentionActivities:
 
     @activity.defn(name=Activity.WRITE_RETENTION_AUDIT)
     async def write_retention_audit(self, input: WriteRetentionAuditInput) -> None:
-        await asyncio.to_thread(
+        outcome = _OUTCOMES.get(input.operation)
+        written = await asyncio.to_thread(
             self._store.write_retention_audit,
             org=input.org, app=input.app, operation=input.operation, event_key=input.event_key,
             status=input.status, executor_id=input.executor_id, details=audit_details(input),
             started_at=input.started_at, request_id=input.details.get("request_id"),
         )
+        if written and outcome is not None:
+            metrics.RETENTION_ROUNDS.labels(input.org, input.app, outcome).inc()
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.list_retention_targets, self.select_retention_executor, self.write_retention_audit]
+
+
+_OUTCOMES = {"retention.succeeded": "succeeded", "retention.failed": "failed", "retention.skipped": "skipped"}
 
 
 def audit_details(input: WriteRetentionAuditInput) -> dict[str, Any]:

@@ -1,28 +1,36 @@
 """Running Relay's processes: `relay dev` (embedded Temporal + worker + gateway), `relay gateway`, `relay worker`.
 
 Kept apart from the CLI's argument parsing so the admin commands start without importing the server stack.
+
+Each process serves its own metrics (``core.metrics``) on RELAY_METRICS_PORT, and the Temporal SDK's on
+RELAY_TEMPORAL_METRICS_PORT; `relay dev` is one process, so one of each. The processes that run the worker (`relay
+dev`, `relay worker`) also export ``relay_executors``, read from the registry at each scrape.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import signal
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 
 import uvicorn
 
 import worker
 from api.app import create_app
 from cli.devserver import TemporalDevServer
+from core import metrics
 from core.errors import AuthError
-from core.logs import install_temporal_sdk_logging
 from core.models import make_engine
 from core.names import DEFAULT_ORG
 from core.settings import Settings
 from core.store import Store
+from core.temporal import install_sdk_runtime
 from gateway.http_limits import http_protocol
 from gateway.ws import executor_protocol, refusal_before_upgrade
+
+log = logging.getLogger("relay")
 
 
 class _Server(uvicorn.Server):
@@ -83,8 +91,26 @@ def dev_key(settings: Settings, store: Store) -> str:
     return key
 
 
+@contextlib.contextmanager
+def _metrics(settings: Settings, *, registry: bool) -> Iterator[None]:
+    """This process's metrics listener for the block; with ``registry``, ``relay_executors`` too (its own engine:
+    a scrape must not take a connection the activities wait for). Never fails the process."""
+    engine = None
+    if registry and settings.metrics_port:
+        try:
+            engine = make_engine(settings.db_url)
+        except Exception as err:
+            log.warning("relay_executors not exported: the database is unavailable: %s", type(err).__name__)
+    try:
+        with metrics.serving(settings.metrics_host, settings.metrics_port, engine=engine):
+            yield
+    finally:
+        if engine is not None:
+            engine.dispose()
+
+
 async def dev(settings: Settings) -> None:
-    install_temporal_sdk_logging()
+    install_sdk_runtime(settings.temporal_metrics_address)
     stop = asyncio.Event()
     _stop_on_signals(stop)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -94,6 +120,7 @@ async def dev(settings: Settings) -> None:
         store = Store(make_engine(settings.db_url))
         key = dev_key(settings, store)
         store.engine.dispose()
+        stack.enter_context(_metrics(settings, registry=True))
         server = _server(settings)
         worker_task = asyncio.create_task(worker.run(settings, stop))
         ui = f"http://127.0.0.1:{settings.temporal_ui_port}" if settings.embedded_temporal else "(external Temporal)"
@@ -106,14 +133,17 @@ async def dev(settings: Settings) -> None:
 
 
 async def gateway(settings: Settings) -> None:
-    install_temporal_sdk_logging()
+    install_sdk_runtime(settings.temporal_metrics_address)
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    await _serve_until(_server(settings), stop)
+    with _metrics(settings, registry=False):
+        await _serve_until(_server(settings), stop)
 
 
 async def run_worker(settings: Settings) -> None:
-    install_temporal_sdk_logging()
+    install_sdk_runtime(settings.temporal_metrics_address)
     stop = asyncio.Event()
     _stop_on_signals(stop)
-    await worker.run(settings, stop)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with _metrics(settings, registry=True):
+        await worker.run(settings, stop)

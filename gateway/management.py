@@ -15,6 +15,10 @@ queue, whose local activity (``gateway.activities``) asks the executor there.
 An executor that cannot be reached, or does not answer, is passed over for the next one — except for a request
 that must not run twice (a fork, an import, a schedule trigger or backfill) once it may have been delivered.
 Nothing here interprets replies beyond a refusal: the REST routes map them.
+
+Each request counts in ``relay_management_requests_total{operation,status}`` (status: ``ok``, ``executor_error``
+when the executor answered with an error message, ``no_executor``, ``failed``, ``refused``, ``cancelled``,
+``error``) and ``relay_management_request_seconds{operation}``.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,7 +38,7 @@ from typing import Any
 from temporalio.client import Client, WorkflowFailureError
 from temporalio.service import RPCError
 
-from core import wire
+from core import metrics, wire
 from core.errors import (
     ExecutorRefusedError,
     ExecutorsFailedError,
@@ -132,6 +137,30 @@ class Management:
             ExecutorsFailedError: every executor tried failed or timed out (``tried`` names them).
             ExecutorRefusedError: the executor refused (metadata-only mode).
         """
+        started, status = time.monotonic(), "error"
+        try:
+            answer = await self._ask(org, app, kind, fields, pick=pick, version=version, timeout=timeout,
+                                     candidates=candidates)
+            status = "ok" if answer.error is None else "executor_error"
+            return answer
+        except NoExecutorError:
+            status = "no_executor"
+            raise
+        except ExecutorsFailedError:
+            status = "failed"
+            raise
+        except ExecutorRefusedError:
+            status = "refused"
+            raise
+        except asyncio.CancelledError:
+            status = "cancelled"
+            raise
+        finally:
+            metrics.MANAGEMENT_REQUESTS.labels(kind, status).inc()
+            metrics.MANAGEMENT_SECONDS.labels(kind).observe(time.monotonic() - started)
+
+    async def _ask(self, org: str, app: str, kind: str, fields: Mapping[str, Any], *, pick: Pick,
+                   version: str | None, timeout: timedelta | None, candidates: Candidates | None) -> Answer:
         timeout = timeout or self._settings.management_timeout
         if candidates is None:
             candidates = await asyncio.to_thread(self._store.management_candidates, org, app)

@@ -22,6 +22,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
+from core import metrics
 from core.settings import Settings
 from core.store import Store
 from gateway.activities import HubActivities
@@ -75,6 +76,8 @@ class Gateway:
         self.contact_state = ContactState(fence_after=settings.gateway_fence)
         self.management = Management(settings=settings, store=store, hub=self.hub, client=client,
                                      task_queue=self.task_queue)
+        # A process runs one gateway (tests build several: the gauge follows the newest).
+        metrics.CONNECTIONS.set_function(lambda: len(self.hub))
 
     @property
     def fenced(self) -> bool:

@@ -7,7 +7,9 @@ frame as it arrives, in ``data_received``: an idle executor costs its protocol o
 ``Connection``, with no task or coroutine kept per socket. Any other path goes to the ASGI app as usual.
 
 After the handshake the executor's lifecycle workflow is signalled ``connected``; on close, ``disconnected``.
-Both carry the connection id.
+Both carry the connection id; ``connected`` also carries when the handshake was done (``relay_signal_delay_seconds``
+runs from then to the registry write). Refusals and failed handshakes count in ``relay_refusals_total{reason}``;
+upgrade request to ``executor_info`` reply in ``relay_handshake_seconds``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -28,6 +31,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState
 from websockets.http11 import Request, Response
 
+from core import metrics
 from core.errors import (
     AuthError,
     ExecutorUnavailableError,
@@ -96,6 +100,7 @@ class ExecutorSocket(LivenessProtocol):
         self.held_key: str | None = None  # the key whose connection slot this socket holds
         self.malformed = 0
         self.audits: list[dict[str, Any]] | None = None  # rows being written, oldest first
+        self.requested_at = 0.0  # monotonic time of the upgrade request
 
     # -- the upgrade ----------------------------------------------------------------------------------------
 
@@ -105,6 +110,7 @@ class ExecutorSocket(LivenessProtocol):
             super().handle_connect(event)
             return
         self.handshake_initiated = True
+        self.requested_at = time.monotonic()
         task = self.loop.create_task(self._open(event, unquote(match[1]), unquote(match[2])))
         task.add_done_callback(self.on_task_complete)
         self.tasks.add(task)
@@ -143,7 +149,10 @@ class ExecutorSocket(LivenessProtocol):
         digest = hash_key(key)
         try:
             if gw.fenced:
-                raise ServiceUnavailableError("this gateway has lost contact with Temporal; reconnect (to another)")
+                await self._refuse(gw, ServiceUnavailableError(
+                    "this gateway has lost contact with Temporal; reconnect (to another)"),
+                    app=app_name, org=None, source_ip=source_ip, reason="fenced")
+                return None
             gw.admission.check_origin(request.headers.get("Origin"))
             if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
                 raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
@@ -167,11 +176,14 @@ class ExecutorSocket(LivenessProtocol):
             if gw.admission.should_report("database", "unavailable"):
                 log.warning("database unavailable while admitting an executor of app %r: %s", app_name, outage(err))
             await self._refuse(gw, ServiceUnavailableError("Relay's database is unavailable; retry shortly"),
-                               app=app_name, org=None, source_ip=source_ip)
+                               app=app_name, org=None, source_ip=source_ip, reason="database_unavailable")
         return None
 
-    async def _refuse(self, gw: Gateway, err: RelayError, *, app: str, org: str | None, source_ip: str) -> None:
-        """Refuse before the upgrade. SDKs retry every second forever, so reporting is rate-limited."""
+    async def _refuse(self, gw: Gateway, err: RelayError, *, app: str, org: str | None, source_ip: str,
+                      reason: str | None = None) -> None:
+        """Refuse before the upgrade. SDKs retry every second forever, so reporting is rate-limited (counting is
+        not: ``reason`` labels it, by default after the status)."""
+        metrics.REFUSALS.labels(reason or metrics.refusal_reason(err.status)).inc()
         if _report_refusal(gw, err, app=app, org=org, source_ip=source_ip) and org is not None:
             await asyncio.to_thread(gw.store.write_audit, org=org, app=app, operation="executor.refused",
                                     status="failure", source_ip=source_ip,
@@ -206,6 +218,8 @@ class ExecutorSocket(LivenessProtocol):
         except (ProtocolError, TimeoutError) as err:
             reason = err.detail if isinstance(err, ProtocolError) else "no executor_info reply in time"
             code = err.close_code if isinstance(err, ProtocolError) else 1008
+            metrics.REFUSALS.labels("handshake_timeout" if isinstance(err, TimeoutError) else
+                                    "identity" if isinstance(err, IdentityError) else "protocol_error").inc()
             # A broken client reconnects every second: report each kind of failure once a minute per address, and
             # a bad identity once a minute per app (its reason carries sizes, never the values).
             source, kind = ((f"{org}/{app}", "identity") if isinstance(err, IdentityError)
@@ -224,6 +238,7 @@ class ExecutorSocket(LivenessProtocol):
             return
         finally:
             self.handshake = None
+        metrics.HANDSHAKE.observe(time.monotonic() - self.requested_at)
         info = handshake.info
         conn = Connection(connection_id=str(uuid.uuid4()), org=org, app=app, executor_id=info.executor_id,
                           session=session, send=self.send_text, key_id=joined.key_id, app_id=joined.app_id,
@@ -234,7 +249,7 @@ class ExecutorSocket(LivenessProtocol):
             await superseded.close(SUPERSEDED_CLOSE_CODE, "superseded by a newer connection")
         signal = ConnectedSignal(
             connection_id=conn.connection_id, gateway_queue=gw.task_queue, signal_id=str(uuid.uuid4()),
-            source_ip=source_ip,
+            source_ip=source_ip, at=datetime.now(UTC),
             info=ExecutorInfo(
                 executor_id=info.executor_id, application_version=info.application_version or "",
                 hostname=info.hostname, language=info.language, dbos_version=info.dbos_version,
@@ -430,6 +445,7 @@ def refusal_before_upgrade(gateway: GatewayOf) -> BeforeUpgrade:
         try:
             gw.admission.check_key(hash_key(unquote(match[2])))
         except AuthError as err:
+            metrics.REFUSALS.labels(metrics.refusal_reason(err.status)).inc()
             _report_refusal(gw, err, app=unquote(match[1]), org=None, source_ip=source_ip)
             return raw_problem(err.status, err.detail)
         return None

@@ -120,6 +120,11 @@ def relay_env(data_dir: Path, **overrides: str) -> dict[str, str]:
         "RELAY_TEMPORAL_UI_PORT": str(free_port()),
         # No retention round unless a test triggers one: a round mid-test adds audit rows and wire frames.
         "RELAY_RETENTION_INTERVAL_SECS": "2592000",
+        # No metrics listener unless a test asks for one (tests/e2e/test_metrics.py): each would take a port.
+        "RELAY_METRICS_PORT": "0",
+        # No alert round unless a test asks for one (tests/e2e/test_alerts.py): a round adds audit rows and may send
+        # `alert` frames to the test's executors.
+        "RELAY_ALERT_INTERVAL_SECS": "2592000",
     })
     env.update(overrides)
     return env

@@ -327,6 +327,9 @@ def start_stack(name: str, *, gateway_cmd: Sequence[str] = (RELAY, "gateway"), *
         "RELAY_HANDSHAKES_PER_KEY_PER_SECOND": "1000000",
         # No retention round in the middle of a measurement window.
         "RELAY_RETENTION_INTERVAL_SECS": "86400",
+        # The worker and gateway processes of one stack would both take the default metrics ports.
+        "RELAY_METRICS_PORT": "0",
+        "RELAY_ALERT_INTERVAL_SECS": "86400",  # no alert round in a measurement window either
     })
     env.update(overrides)
     temporal = Proc("temporal", temporal_command(data_dir, temporal_port), env=env, logdir=data_dir)

@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # Deterministic workflow code re-imported by the sandbox: nothing that does I/O or serves requests.
 WORKFLOWS_FORBIDDEN = {"fastapi", "starlette", "sqlalchemy", "sqlmodel", "websockets", "uvicorn", "httpx",
-                       "psycopg", "requests", "socket", "sqlite3", "subprocess"}
+                       "psycopg", "requests", "socket", "sqlite3", "subprocess", "prometheus_client"}
 
 
 def _sources(package: str) -> list[Path]:

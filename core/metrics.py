@@ -1,0 +1,211 @@
+"""Relay's Prometheus metrics: every metric defined once, and the listener that serves them.
+
+Metrics live in ``REGISTRY``, a registry of Relay's own (not prometheus-client's global default, which a library
+or a second import could also register into), with the process, platform and garbage-collector collectors. Each
+counter or histogram is observed where its event happens, in the process where it happens:
+
+- the worker (``activities``): ``relay_recoveries_total{org,app,outcome}`` (``succeeded`` and ``failed`` per
+  recovery attempt, ``blocked`` once per stretch without a peer of the right version),
+  ``relay_recovery_duration_seconds{org,app}`` (DEAD recorded to recovery confirmed),
+  ``relay_dead_lateness_seconds`` (DEAD recorded minus the end of the grace: the disconnect's record plus the
+  app's grace, or the later end of an extended grace), ``relay_signal_delay_seconds`` (handshake done on the
+  gateway to HEALTHY in the registry: two processes' wall clocks, so on two hosts their skew counts too),
+  ``relay_executor_transitions_total{org,app,status}``, ``relay_retention_rounds_total{org,app,outcome}``
+  (``succeeded`` and ``failed`` per attempt, ``skipped``);
+- the gateway (``gateway``): ``relay_handshake_seconds`` (upgrade request to ``executor_info`` reply),
+  ``relay_refusals_total{reason}`` (upgrades refused, handshakes failed), ``relay_gateway_connections``,
+  ``relay_management_requests_total{operation,status}`` and ``relay_management_request_seconds{operation}``.
+
+``relay_executors{org,app,status}`` is read from the registry database at scrape time (``ExecutorsCollector``):
+every status of every registered app, zero included. The worker process exports it (``relay dev`` too): with
+several workers, aggregate it with ``max``, not ``sum``.
+
+Labels are bounded: an org, an app, a status or a reason out of a fixed set; never an executor id, a request id
+or a key. Counters are incremented once per event: the activities count a row only when their attempt wrote it
+(see ``activities.registry``).
+
+``serving`` starts the listener, on ``RELAY_METRICS_HOST:RELAY_METRICS_PORT``. A port that cannot be bound is
+logged and skipped: recovery never stops because of metrics. The Temporal SDK's metrics come from its own
+exporter (``core.temporal.install_sdk_runtime``), on a port of their own (RELAY_TEMPORAL_METRICS_PORT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    start_http_server,
+)
+from prometheus_client.metrics_core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from sqlalchemy import Engine, func
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import select
+
+from core.models import Application, Executor
+from workflows.contracts.common import ExecutorStatus
+
+log = logging.getLogger("relay.metrics")
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+ProcessCollector(registry=REGISTRY)
+PlatformCollector(registry=REGISTRY)
+GCCollector(registry=REGISTRY)
+
+# Seconds. Recoveries take a peer's answer (the SDK recovers, then is asked again); lateness and delays are
+# normally milliseconds, and seconds when Temporal or the database was away.
+_FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_SLOW = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
+
+RECOVERIES = Counter("relay_recoveries", "Recovery outcomes: succeeded and failed per attempt, blocked once per "
+                     "stretch with no HEALTHY peer of the dead executor's version.", ["org", "app", "outcome"],
+                     registry=REGISTRY)
+RECOVERY_DURATION = Histogram("relay_recovery_duration_seconds", "From DEAD recorded to recovery confirmed.",
+                              ["org", "app"], buckets=_SLOW, registry=REGISTRY)
+DEAD_LATENESS = Histogram("relay_dead_lateness_seconds", "DEAD recorded minus the end of the grace "
+                          "(DISCONNECTED recorded + the app's executorTimeoutSecs, or an extended grace's end).",
+                          buckets=_FAST, registry=REGISTRY)
+SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From an executor's handshake done on its gateway to "
+                         "HEALTHY written in the registry.", buckets=_FAST, registry=REGISTRY)
+TRANSITIONS = Counter("relay_executor_transitions", "Executor statuses written to the registry.",
+                      ["org", "app", "status"], registry=REGISTRY)
+HANDSHAKE = Histogram("relay_handshake_seconds", "From an executor's upgrade request to its executor_info reply.",
+                      buckets=_FAST, registry=REGISTRY)
+REFUSALS = Counter("relay_refusals", "Executor upgrades refused and handshakes failed, by reason.", ["reason"],
+                   registry=REGISTRY)
+CONNECTIONS = Gauge("relay_gateway_connections", "Executor sockets held by this gateway process.",
+                    registry=REGISTRY)
+MANAGEMENT_REQUESTS = Counter("relay_management_requests", "Workflow management requests to executors, by "
+                              "operation and result.", ["operation", "status"], registry=REGISTRY)
+MANAGEMENT_SECONDS = Histogram("relay_management_request_seconds", "Workflow management requests' duration.",
+                               ["operation"], buckets=_FAST, registry=REGISTRY)
+RETENTION_ROUNDS = Counter("relay_retention_rounds", "Retention rounds: succeeded and failed per attempt, "
+                           "skipped.", ["org", "app", "outcome"], registry=REGISTRY)
+
+EXECUTORS = "relay_executors"
+EXECUTORS_HELP = "Executors in the registry, by status: every status of every registered app, zero included."
+REFUSAL_REASONS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 429: "rate_limited",
+                   503: "unavailable"}
+
+
+def refusal_reason(status: int) -> str:
+    """A bounded ``reason`` label for a refusal with this HTTP status."""
+    return REFUSAL_REASONS.get(status, "other")
+
+
+class ExecutorsCollector(Collector):
+    """``relay_executors{org,app,status}``, counted in the registry database at each scrape."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=["org", "app", "status"])]
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            counts = executor_counts(self._engine)
+        except SQLAlchemyError as err:  # the database is away: no number rather than a wrong one
+            log.warning("relay_executors not collected: the database is unavailable: %s", type(err).__name__)
+            return []
+        family = GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=["org", "app", "status"])
+        for (org, app, status), n in sorted(counts.items()):
+            family.add_metric([org, app, status], n)
+        return [family]
+
+
+def executor_counts(engine: Engine, org: str | None = None) -> dict[tuple[str, str, str], int]:
+    """``(org, app, status) -> count`` for every status of every registered app (zeros included), and of any app
+    that still has rows after it was deleted; of one org, or of all."""
+    apps_query = select(Application.org, Application.name)
+    rows_query = select(Executor.org, Executor.app, Executor.status, func.count())
+    if org is not None:
+        apps_query = apps_query.where(Application.org == org)
+        rows_query = rows_query.where(Executor.org == org)
+    with engine.connect() as c:
+        apps = c.execute(apps_query).all()
+        rows = c.execute(rows_query.group_by(Executor.org, Executor.app, Executor.status)).all()
+    counts = {(org, app, str(status)): 0 for org, app in apps for status in ExecutorStatus}
+    for org, app, status, n in rows:
+        counts[(org, app, str(status))] = n
+    return counts
+
+
+class _Forward(Collector):
+    """``REGISTRY``'s metrics, inside a listener's own registry (which adds the registry collector)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        return self._registry.collect()
+
+
+def registry_with(engine: Engine | None) -> CollectorRegistry:
+    """What a listener serves: ``REGISTRY``, plus ``relay_executors`` from ``engine`` when given."""
+    served = CollectorRegistry(auto_describe=False)
+    served.register(_Forward(REGISTRY))
+    if engine is not None:
+        served.register(ExecutorsCollector(engine))
+    return served
+
+
+@dataclass(frozen=True)
+class Listener:
+    host: str
+    port: int
+
+
+@contextlib.contextmanager
+def serving(host: str, port: int, *, engine: Engine | None = None) -> Iterator[Listener | None]:
+    """Serve ``GET /metrics`` on ``host:port`` (a thread) for the block; ``relay_executors`` from ``engine``.
+
+    Yields None (and serves nothing) when ``port`` is 0 or cannot be bound: a warning, never a failure.
+    """
+    if not port:
+        yield None
+        return
+    try:
+        server, thread = start_http_server(port, host, registry=registry_with(engine))
+    except OSError as err:
+        log.warning("metrics listener not started on %s:%d: %s; Relay runs on without it", host, port, err)
+        yield None
+        return
+    log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+    try:
+        yield Listener(host, server.server_port)
+    finally:
+        _stop(server, thread)
+
+
+def _stop(server: WSGIServer, thread: threading.Thread) -> None:
+    server.shutdown()
+    server.server_close()
+    thread.join(timeout=5)
+
+
+def exported_names(registry: CollectorRegistry = REGISTRY) -> set[str]:
+    """Every sample name a scrape of ``registry`` (plus ``relay_executors``) can show, whether or not it has been
+    observed yet: counters with ``_total``, histograms with ``_bucket``, ``_sum`` and ``_count``."""
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "summary": ("_sum", "_count", ""),
+                "gauge": ("",), "info": ("_info",)}
+    names = {EXECUTORS}
+    for family in registry.collect():
+        names.update(family.name + s for s in suffixes.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
+    return names
