@@ -33,7 +33,8 @@ PeerT = TypeVar("PeerT", bound=Peer)
 
 def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Collection[str] = (),
                      cross_version_allowed: bool = False, claims: Mapping[str, str] | None = None,
-                     dead_executor_id: str = "", rng: random.Random | None = None) -> tuple[PeerT, bool] | None:
+                     dead_executor_id: str = "", carried: Mapping[str, int] | None = None,
+                     rng: random.Random | None = None) -> tuple[PeerT, bool] | None:
     """The peer to recover ``dead_executor_id``, and whether it runs another version; None when there is none.
 
     Args:
@@ -44,6 +45,9 @@ def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Col
         claims: which peer each dead executor's recovery is on (dead executor id -> peer id). The peer with the
             fewest recoveries in flight is chosen, so a crowd of dead executors spreads evenly; the claim of
             ``dead_executor_id`` itself does not count (it is being moved).
+        carried: recoveries each peer carried recently, finished ones included (peer id -> count). Among the
+            least busy, the peer that carried the fewest is chosen: recoveries paced one at a time each find no
+            recovery in flight, and would otherwise land on a random peer every time.
         rng: breaks ties between equally loaded peers (``random`` when None).
     """
     left = [peer for peer in healthy if peer.executor_id not in exclude]
@@ -54,8 +58,9 @@ def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Col
     if not chosen:
         return None
     load = Counter(peer for dead, peer in (claims or {}).items() if dead != dead_executor_id)
-    least = min(load[peer.executor_id] for peer in chosen)
-    tied = [peer for peer in chosen if load[peer.executor_id] == least]
+    done = carried or {}
+    least = min((load[peer.executor_id], done.get(peer.executor_id, 0)) for peer in chosen)
+    tied = [peer for peer in chosen if (load[peer.executor_id], done.get(peer.executor_id, 0)) == least]
     return (rng or random).choice(tied), cross_version
 
 

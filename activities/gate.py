@@ -1,0 +1,55 @@
+"""The recovery gate's activity (``core.gate``), run by the worker as a local activity of the lifecycle workflow."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+
+from core.gate import GatePolicy
+from core.settings import RecoverySettings
+from core.store import Store, outage, unavailable
+from workflows.contracts.common import Activity
+from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
+
+log = logging.getLogger("relay.worker")
+
+
+def policy_of(settings: RecoverySettings) -> GatePolicy:
+    return GatePolicy(storm_share=settings.storm_share, storm_min=settings.storm_min_executors,
+                      window=settings.storm_window, pace=settings.pace, pause_recheck=settings.pause_recheck)
+
+
+class GateActivities:
+    """Bound to one ``Store`` and the gate's policy (default: the ``RELAY_RECOVERY_*`` environment, read once)."""
+
+    def __init__(self, store: Store, policy: GatePolicy | None = None) -> None:
+        self._store = store
+        self.policy = policy or policy_of(RecoverySettings())
+
+    @activity.defn(name=Activity.ADMIT_RECOVERY)
+    async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:
+        try:
+            decision = await asyncio.to_thread(
+                self._store.admit_recovery, org=input.org, app=input.app, executor_id=input.executor_id,
+                ticket=input.ticket, now=input.now, policy=self.policy, event_key=input.event_key)
+        except Exception as err:
+            if not unavailable(err):
+                raise
+            # As the registry's activities do: a short, retried failure while the database is away.
+            raise ApplicationError(f"database unavailable: {outage(err)}", type="DatabaseUnavailable",
+                                   category=ApplicationErrorCategory.BENIGN) from None
+        if decision.tripped:
+            log.warning("recovery-storm breaker tripped for %s/%s: %s of %s executors down within %s; recoveries "
+                        "now paced one per %s", input.org, input.app, decision.storm.get("down"),
+                        decision.storm.get("population"), self.policy.window, self.policy.pace)
+        if decision.reset:
+            log.info("recovery-storm breaker of %s/%s reset", input.org, input.app)
+        return AdmitRecoveryReply(go=decision.go, until=decision.until, reason=decision.reason)
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.admit_recovery]

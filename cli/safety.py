@@ -1,0 +1,137 @@
+"""The ``relay drain`` and ``relay recovery`` commands: drain an executor (never chosen to recover others or to
+carry an operator's request), pause an app's recoveries for a maintenance window, and show the app's recovery gate.
+
+Durations come in as people write them (``30m``, ``1h``) and go to the REST API as ``expiresInSecs``; the client,
+``--url``/``--api-key``/``--org``/``-o`` and the errors are ``cli.admin``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime, timedelta
+from typing import Any
+
+from cli import workflow_tables as show
+from cli.admin import _api, _client_options, _emit, _name, parse_duration
+from cli.tables import Json, table
+from core import units
+from core.models import utcnow
+from core.settings import Settings
+
+MAX_FOR = timedelta(days=30)  # the REST API's bound on expiresInSecs
+
+
+def _expiry(text: str) -> int:
+    """``--for``: a duration of whole seconds, at least 1 s, at most 30 days, as ``expiresInSecs``."""
+    value = parse_duration(text)
+    secs = units.timedelta_to_seconds(value)
+    if units.seconds_to_timedelta(secs) != value or not timedelta(seconds=1) <= value <= MAX_FOR:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole seconds, from 1s to 30d")
+    return secs
+
+
+def _app(args: argparse.Namespace) -> str:
+    return "/apps" + _name(args.app)
+
+
+def _body(args: argparse.Namespace) -> dict[str, Json]:
+    return {"expiresInSecs": args.expires_in_secs, **({"reason": args.reason} if args.reason else {})}
+
+
+def _until(value: Json, now: datetime) -> str:
+    return show.human_time(value, now)
+
+
+def drains_table(drains: list[dict[str, Json]], now: datetime) -> str:
+    return table(["EXECUTOR ID", "ACTIVE", "UNTIL", "REASON", "BY"],
+                 [[d["executorId"], d["active"], _until(d["until"], now), d["reason"] or "-", d["subject"]]
+                  for d in drains])
+
+
+def status_card(status: dict[str, Json], now: datetime) -> str:
+    pause, breaker = status["pause"], status["breaker"]
+    lines = []
+    if pause is None or not pause["active"]:
+        lines.append("pause:    none")
+    else:
+        lines.append(f"pause:    until {_until(pause['until'], now)}, by {pause['subject']}"
+                     + (f": {pause['reason']}" if pause["reason"] else ""))
+    if breaker["tripped"]:
+        lines.append(f"breaker:  TRIPPED at {_until(breaker['trippedAt'], now)} (trips: {breaker['trips']})")
+    else:
+        lines.append(f"breaker:  closed (trips: {breaker['trips']})")
+    waiting = status["waiting"]
+    lines.append(f"waiting:  {len(waiting)}")
+    if waiting:
+        lines.append(table(["EXECUTOR ID", "DIED", "SLOT", "HELD"],
+                           [[w["executorId"], _until(w["diedAt"], now),
+                             _until(w["slotAt"], now) if w["slotAt"] else "-", w["reason"] or "-"]
+                            for w in waiting]))
+    return "\n".join(lines)
+
+
+def _say(args: argparse.Namespace, text: str) -> None:
+    if args.output == "table":
+        print(text, flush=True)
+
+
+def _drain_set(args: argparse.Namespace, settings: Settings) -> None:
+    drain = _api(args, settings).call("PUT", f"{_app(args)}/executors{_name(args.executor_id)}/drain",
+                                      body=_body(args))
+    _emit(args, drain, lambda d: f"drained {d['executorId']} until {_until(d['until'], utcnow())}")
+
+
+def _drain_clear(args: argparse.Namespace, settings: Settings) -> None:
+    _api(args, settings).call("DELETE", f"{_app(args)}/executors{_name(args.executor_id)}/drain")
+    _say(args, f"undrained {args.executor_id}")
+
+
+def _drain_list(args: argparse.Namespace, settings: Settings) -> None:
+    now = utcnow()
+    _emit(args, _api(args, settings).call("GET", f"{_app(args)}/drains"), lambda d: drains_table(d, now))
+
+
+def _pause(args: argparse.Namespace, settings: Settings) -> None:
+    pause = _api(args, settings).call("PUT", f"{_app(args)}/recovery-pause", body=_body(args))
+    _emit(args, pause, lambda p: f"recovery of {args.app} paused until {_until(p['until'], utcnow())}")
+
+
+def _resume(args: argparse.Namespace, settings: Settings) -> None:
+    _api(args, settings).call("DELETE", f"{_app(args)}/recovery-pause")
+    _say(args, f"recovery of {args.app} resumed")
+
+
+def _status(args: argparse.Namespace, settings: Settings) -> None:
+    now = utcnow()
+    _emit(args, _api(args, settings).call("GET", f"{_app(args)}/recovery"), lambda s: status_card(s, now))
+
+
+def _command(group: Any, name: str, handler: Any, help: str, *positional: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = group.add_parser(name, help=help)
+    p.set_defaults(admin=handler)
+    _client_options(p)
+    p.add_argument("--app", "-a", required=True, help="the application")
+    for arg in positional:
+        p.add_argument(arg)
+    return p
+
+
+def _expiring(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--for", dest="expires_in_secs", type=_expiry, required=True, metavar="DURATION",
+                   help=f"how long the {what} lasts, then ends by itself: 90s, 30m, 2h, 1d (at most 30d)")
+    p.add_argument("--reason", help="said in the audit log and the listing")
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``drain set|clear|list`` and ``recovery pause|resume|status`` to the ``relay`` command's ``sub``."""
+    drain = sub.add_parser("drain", help="drained executors: never chosen to recover others or to carry requests")
+    group = drain.add_subparsers(dest="drain_command", required=True)
+    _expiring(_command(group, "set", _drain_set, "drain an executor", "executor_id"), "drain")
+    _command(group, "clear", _drain_clear, "end an executor's drain", "executor_id")
+    _command(group, "list", _drain_list, "list an application's drains, expired ones included")
+
+    recovery = sub.add_parser("recovery", help="an application's recovery gate: pause, resume, breaker")
+    group = recovery.add_subparsers(dest="recovery_command", required=True)
+    _expiring(_command(group, "pause", _pause, "pause recoveries (a maintenance window)"), "pause")
+    _command(group, "resume", _resume, "lift the pause: held recoveries go, paced")
+    _command(group, "status", _status, "show the pause, the storm breaker and the held recoveries")

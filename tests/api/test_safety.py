@@ -1,0 +1,164 @@
+"""The drain and pause REST extensions in-process (``conftest.Api``): status codes, problem bodies, the audit rows
+with their subject, expiry, and what a drain does to the management candidates the routes read."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from tests.api.conftest import Api
+from tests.api.test_compat import assert_problem
+from workflows.contracts.common import ExecutorStatus, lifecycle_workflow_id
+
+ORG = "/v2/orgs/local"
+
+
+async def _audit(client: httpx.AsyncClient, app: str, operation: str) -> list[dict[str, Any]]:
+    response = await client.get(f"{ORG}/audit-logs", params={"target": app, "operation": operation})
+    assert response.status_code == 200, response.text
+    entries: list[dict[str, Any]] = response.json()
+    return entries
+
+
+def _at(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+async def test_drain_set_get_list_and_clear_audited(api: Api) -> None:
+    app = "drain-app"
+    async with api.client() as client:
+        assert (await client.put(f"{ORG}/apps/{app}")).status_code == 204
+        api.record(app, "ex-1")
+        api.record(app, "ex-2")
+        before = datetime.now(UTC)
+        response = await client.put(f"{ORG}/apps/{app}/executors/ex-1/drain",
+                                    json={"expiresInSecs": 1800, "reason": "rolling deploy"})
+        assert response.status_code == 200, response.text
+        drain = response.json()
+        assert (drain["executorId"], drain["active"], drain["reason"]) == ("ex-1", True, "rolling deploy")
+        assert before + timedelta(seconds=1799) < _at(drain["until"]) <= datetime.now(UTC) + timedelta(seconds=1800)
+        assert drain["subject"].startswith("api_key:")
+        assert (await client.get(f"{ORG}/apps/{app}/executors/ex-1/drain")).json()["active"] is True
+        listed = (await client.get(f"{ORG}/apps/{app}/drains")).json()
+        assert [d["executorId"] for d in listed] == ["ex-1"]
+        assert [e.executor_id for e in api.store.management_candidates("local", app).executors] == ["ex-2"]
+
+        [entry] = await _audit(client, app, "executor.drain.set")
+        assert entry["subject"]["type"] == "api_key" and entry["subject"]["display"] == "dev"
+        assert entry["details"]["executorId"] == "ex-1" and entry["details"]["expiresInSecs"] == 1800
+        assert entry["details"]["reason"] == "rolling deploy" and entry["sourceIp"] == "127.0.0.1"
+
+        assert (await client.delete(f"{ORG}/apps/{app}/executors/ex-1/drain")).status_code == 204
+        assert len(await _audit(client, app, "executor.drain.cleared")) == 1
+        assert_problem(await client.get(f"{ORG}/apps/{app}/executors/ex-1/drain"), 404)
+        assert_problem(await client.delete(f"{ORG}/apps/{app}/executors/ex-1/drain"), 404)
+        assert sorted(e.executor_id for e in api.store.management_candidates("local", app).executors) == ["ex-1",
+                                                                                                          "ex-2"]
+
+
+async def test_undrain_wakes_recoveries_waiting_for_a_peer(api: Api) -> None:
+    app = "drain-wake"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        api.record(app, "only-peer")
+        api.record(app, "gone", ExecutorStatus.DEAD)
+        api.temporal.running.add(lifecycle_workflow_id("local", app, "gone"))
+        await client.put(f"{ORG}/apps/{app}/executors/only-peer/drain", json={"expiresInSecs": 60})
+        assert (await client.delete(f"{ORG}/apps/{app}/executors/only-peer/drain")).status_code == 204
+    woken = [(w, name) for w, name, _ in api.temporal.signals if w == lifecycle_workflow_id("local", app, "gone")]
+    assert woken == [(lifecycle_workflow_id("local", app, "gone"), "peer_available")]
+
+
+async def test_an_expired_drain_is_listed_inactive_and_ignored(api: Api) -> None:
+    app = "drain-expired"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        api.record(app, "ex-1")
+        api.store.set_drain(org="local", app=app, executor_id="ex-1", until=datetime.now(UTC) - timedelta(seconds=1),
+                            reason="", subject="system", source_ip="", details={})
+        [drain] = (await client.get(f"{ORG}/apps/{app}/drains")).json()
+        assert drain["active"] is False
+    assert [e.executor_id for e in api.store.management_candidates("local", app).executors] == ["ex-1"]
+
+
+async def test_drain_errors_are_problems(api: Api) -> None:
+    app = "drain-errors"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        api.record(app, "ex-1")
+        path = f"{ORG}/apps/{app}/executors/ex-1/drain"
+        assert_problem(await client.put(f"{ORG}/apps/{app}/executors/nobody/drain", json={"expiresInSecs": 60}), 404)
+        assert_problem(await client.put(f"{ORG}/apps/no-such-app/executors/ex-1/drain", json={"expiresInSecs": 60}),
+                       404)
+        for body in ({}, {"expiresInSecs": 0}, {"expiresInSecs": "60"}, {"expiresInSecs": 1.5},
+                     {"expiresInSecs": 31 * 86400}, {"expiresInSecs": 60, "extra": 1}, {"expiresInSecs": 60,
+                                                                                        "reason": "a\nb"}):
+            assert_problem(await client.put(path, json=body), 422)
+        other = api.new_key(apps=["someone-else"])
+        async with api.client(other) as restricted:
+            assert_problem(await restricted.put(path, json={"expiresInSecs": 60}), 403)
+    async with api.anonymous() as anonymous:
+        assert_problem(await anonymous.put(path, json={"expiresInSecs": 60}), 401)
+    assert api.store.list_drains("local", app) == []
+
+
+async def test_pause_set_get_status_and_resume_audited(api: Api) -> None:
+    app = "pause-app"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        assert_problem(await client.get(f"{ORG}/apps/{app}/recovery-pause"), 404)
+        assert_problem(await client.delete(f"{ORG}/apps/{app}/recovery-pause"), 404)
+        response = await client.put(f"{ORG}/apps/{app}/recovery-pause",
+                                    json={"expiresInSecs": 3600, "reason": "db maintenance"})
+        assert response.status_code == 200, response.text
+        pause = response.json()
+        assert (pause["active"], pause["reason"]) == (True, "db maintenance")
+        status = (await client.get(f"{ORG}/apps/{app}/recovery")).json()
+        assert status["pause"]["reason"] == "db maintenance"
+        assert status["breaker"] == {"tripped": False, "trippedAt": None, "trips": 0, "lastSlotAt": None}
+        assert status["waiting"] == []
+        [entry] = await _audit(client, app, "app.recovery.paused")
+        assert entry["details"]["expiresInSecs"] == 3600 and entry["subject"]["display"] == "dev"
+
+        assert (await client.delete(f"{ORG}/apps/{app}/recovery-pause")).status_code == 204
+        assert len(await _audit(client, app, "app.recovery.resumed")) == 1
+        assert (await client.get(f"{ORG}/apps/{app}/recovery")).json()["pause"] is None
+        assert_problem(await client.put(f"{ORG}/apps/{app}/recovery-pause", json={"expiresInSecs": -1}), 422)
+        assert_problem(await client.put(f"{ORG}/apps/nothing-here/recovery-pause", json={"expiresInSecs": 9}), 404)
+        assert_problem(await client.get(f"{ORG}/apps/nothing-here/recovery"), 404)
+
+
+async def test_recovery_status_shows_held_recoveries_and_the_breaker(api: Api) -> None:
+    from core.gate import GatePolicy
+
+    app = "gate-status"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        for n in range(4):
+            api.record(app, f"ex-{n}", ExecutorStatus.DEAD if n < 3 else ExecutorStatus.HEALTHY)
+        now = datetime.now(UTC)
+        for n in range(3):
+            api.store.admit_recovery(org="local", app=app, executor_id=f"ex-{n}", ticket="t", now=now,
+                                     policy=GatePolicy(pace=timedelta(seconds=10)))
+        status = (await client.get(f"{ORG}/apps/{app}/recovery")).json()
+        assert status["breaker"]["tripped"] is True and status["breaker"]["trips"] == 1
+        assert sorted(w["executorId"] for w in status["waiting"]) == ["ex-1", "ex-2"]
+        assert {w["reason"] for w in status["waiting"]} == {"paced"}
+        assert len(await _audit(client, app, "app.recovery.breaker_tripped")) == 1
+
+
+async def test_an_app_deleted_and_registered_again_has_no_drain_or_pause_left(api: Api) -> None:
+    app = "reborn-app"
+    async with api.client() as client:
+        assert (await client.put(f"{ORG}/apps/{app}")).status_code == 204
+        api.record(app, "ex-1")
+        assert (await client.put(f"{ORG}/apps/{app}/executors/ex-1/drain", json={"expiresInSecs": 600})).status_code \
+            == 200
+        assert (await client.put(f"{ORG}/apps/{app}/recovery-pause", json={"expiresInSecs": 600})).status_code \
+            in (200, 204)
+        assert (await client.delete(f"{ORG}/apps/{app}")).status_code == 204
+        assert (await client.put(f"{ORG}/apps/{app}")).status_code == 204
+        assert (await client.get(f"{ORG}/apps/{app}/drains")).json() == []
+        assert_problem(await client.get(f"{ORG}/apps/{app}/recovery-pause"), 404)
