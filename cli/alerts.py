@@ -1,0 +1,91 @@
+"""The ``relay alerts`` command: list, create and delete an application's alerting rules through the REST API
+(listAlertingRules, createAlertingRule, deleteAlertingRule).
+
+``--min-interval`` comes in as people write durations (``90s``, ``15m``) and goes to the API as
+``minIntervalSecs``; ``--metadata`` is ``ruleMetadata`` as JSON (see ``core.alerts`` for the keys). The client,
+``--url``/``--api-key``/``--org``/``-o`` and the errors are ``cli.admin``'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from cli.admin import _api, _client_options, _emit, _name, parse_duration
+from cli.tables import Json, table
+from core import units
+from core.settings import Settings
+from workflows.contracts.alerts import RuleType
+
+
+def _min_interval(text: str) -> int:
+    """``--min-interval``: whole seconds (``minIntervalSecs``)."""
+    value = parse_duration(text)
+    secs = units.timedelta_to_seconds(value)
+    if units.seconds_to_timedelta(secs) != value or secs < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole seconds, e.g. 90s or 15m")
+    return secs
+
+
+def _metadata(text: str) -> Json:
+    try:
+        value: Json = json.loads(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not JSON: {err}") from None
+    return value
+
+
+def rules_table(rules: list[dict[str, Json]]) -> str:
+    return table(["ID", "TYPE", "METADATA", "MIN INTERVAL", "RECEIVING APP ID", "LAST FIRED"],
+                 [[r["id"], r["ruleType"], json.dumps(r["ruleMetadata"]),
+                   "-" if r["minIntervalSecs"] is None else f"{r['minIntervalSecs']}s", r["receivingAppId"],
+                   r["lastFiredAt"] or "never"] for r in rules])
+
+
+def _path(args: argparse.Namespace) -> str:
+    return f"/apps{_name(args.app)}/alerting-rules"
+
+
+def _list(args: argparse.Namespace, settings: Settings) -> None:
+    _emit(args, _api(args, settings).call("GET", _path(args)), rules_table)
+
+
+def _create(args: argparse.Namespace, settings: Settings) -> None:
+    body: dict[str, Json] = {"ruleType": args.type, "ruleMetadata": args.metadata}
+    if args.min_interval is not None:
+        body["minIntervalSecs"] = args.min_interval
+    if args.receiving_app:
+        body["receivingAppName"] = args.receiving_app
+    rule = _api(args, settings).call("POST", _path(args), body=body)
+    _emit(args, rule, lambda r: f"created {r['ruleType']} rule {r['id']}")
+
+
+def _delete(args: argparse.Namespace, settings: Settings) -> None:
+    _api(args, settings).call("DELETE", _path(args) + _name(args.rule_id))
+    if args.output == "table":
+        print(f"deleted rule {args.rule_id}", flush=True)
+
+
+def _command(group: Any, name: str, handler: Any, help: str) -> argparse.ArgumentParser:
+    p: argparse.ArgumentParser = group.add_parser(name, help=help)
+    p.set_defaults(admin=handler)
+    _client_options(p)
+    p.add_argument("--app", "-a", required=True, help="the application")
+    return p
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``alerts list|create|delete`` to the ``relay`` command's ``sub``."""
+    alerts = sub.add_parser("alerts", help="alerting rules: WorkflowFailure, SlowQueue, UnresponsiveApplication")
+    group = alerts.add_subparsers(dest="alerts_command", required=True)
+    _command(group, "list", _list, "list an application's alerting rules")
+    create = _command(group, "create", _create, "create an alerting rule")
+    create.add_argument("--type", required=True, choices=[t.value for t in RuleType])
+    create.add_argument("--metadata", type=_metadata, default={}, metavar="JSON",
+                        help='ruleMetadata, e.g. \'{"queueName": "orders", "thresholdSecs": 120}\' (default {})')
+    create.add_argument("--min-interval", type=_min_interval, metavar="DURATION",
+                        help="fire at most once per this long: 90s, 15m, 1h (default: no minimum)")
+    create.add_argument("--receiving-app", help="the application that receives the alerts (default: --app)")
+    delete = _command(group, "delete", _delete, "delete an alerting rule")
+    delete.add_argument("rule_id")
