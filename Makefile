@@ -20,11 +20,15 @@ run: $(STAMP)
 
 # libfaketime (Debian package faketime): the clock-jump test runs Relay under a skewed wall clock.
 # Debian's postgresql: the database-outage tests run a private cluster (initdb, postgres) and stop it mid-test.
+# Debian's chromium: tests/e2e/test_browser.py looks at /docs and the Temporal UI in it, headless (nothing else is
+# downloaded: it is driven over the DevTools protocol by tests/browser.py).
 system-deps:
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get install -y -q faketime || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get install -y -q postgresql || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q postgresql; }; }
+	@[ -x /usr/bin/chromium ] || \
+	  { $(SUDO) apt-get install -y -q chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }; }
 
 # The TypeScript executor of the end-to-end tests (@dbos-inc/dbos-sdk, pinned in its package-lock.json), installed
 # once from the npm registry; Node >= 20 and npm must be on PATH.

@@ -1,0 +1,66 @@
+"""The API's documentation pages, ``/docs`` (Swagger UI) and ``/redoc``, with every asset served by the gateway
+itself, so they render on a host with no internet. FastAPI's own pages load their JavaScript and CSS from a CDN.
+
+The assets are the ones the ``fastapi-offline`` package ships: swagger-ui-dist 5 (FastAPI writes OpenAPI 3.1,
+which Swagger UI 4 shows as "Unable to render this definition") and ReDoc's standalone bundle. The pages are
+unauthenticated, as ``/openapi.json`` is, and left out of the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import fastapi_offline
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+from fastapi.responses import FileResponse, HTMLResponse
+
+from core.errors import NotFoundError
+
+router = APIRouter(include_in_schema=False)
+
+ASSETS_URL = "/docs/assets"
+# The files served, by name, with their media types: only these, so no request path ever reaches the filesystem.
+ASSETS = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+    "redoc.standalone.js": "text/javascript; charset=utf-8",
+    "favicon.png": "image/png",
+}
+_STATIC = Path(fastapi_offline.__file__).parent / "static"
+
+
+def _urls(request: Request) -> tuple[str, str]:
+    """The OpenAPI document's URL and the assets' base URL, under the ASGI root path (a reverse proxy's prefix)."""
+    app: FastAPI = request.app
+    root = request.scope.get("root_path", "")
+    return f"{root}{app.openapi_url}", f"{root}{ASSETS_URL}"
+
+
+@router.get("/docs")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    openapi_url, assets = _urls(request)
+    return get_swagger_ui_html(openapi_url=openapi_url, title=f"{request.app.title} - Swagger UI",
+                               swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+                               swagger_css_url=f"{assets}/swagger-ui.css",
+                               swagger_favicon_url=f"{assets}/favicon.png",
+                               # No validator badge: Swagger UI would send the spec's URL to validator.swagger.io.
+                               swagger_ui_parameters={**(request.app.swagger_ui_parameters or {}),
+                                                      "validatorUrl": None})
+
+
+@router.get("/redoc")
+async def redoc(request: Request) -> HTMLResponse:
+    openapi_url, assets = _urls(request)
+    return get_redoc_html(openapi_url=openapi_url, title=f"{request.app.title} - ReDoc",
+                          redoc_js_url=f"{assets}/redoc.standalone.js", redoc_favicon_url=f"{assets}/favicon.png",
+                          with_google_fonts=False)
+
+
+@router.get(ASSETS_URL + "/{name}")
+async def asset(name: str) -> FileResponse:
+    """One of the pages' assets; the response carries an ETag, so a browser revalidates instead of reloading."""
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise NotFoundError(f"no documentation asset {name!r}")
+    return FileResponse(_STATIC / name, media_type=media_type)

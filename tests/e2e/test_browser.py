@@ -1,0 +1,122 @@
+"""What a person sees, in a real browser: Debian's headless Chromium (tests/browser.py, over the DevTools protocol,
+offline: no host name but 127.0.0.1 resolves) looks at the session's `relay dev`.
+
+- ``/docs`` renders Swagger UI from the gateway's own assets and lists every operation of Relay's OpenAPI document.
+- The Temporal UI's page of a recovered executor's lifecycle workflow shows the grace timer, the recovery
+  dispatched to the peer and its confirmation: two real ``dbos==3.2.0`` executors, one SIGKILLed, a 2 s grace.
+
+Screenshots are kept in ``.test-artifacts/browser/`` at the repository root (git-ignored), pass or fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+import httpx
+import pytest
+
+from core.temporal import connect
+from tests.browser import Chromium, Page
+from tests.support import Process, Relay, dbos_executor, wait_until
+from workflows.contracts.common import Activity, lifecycle_workflow_id
+
+pytestmark = pytest.mark.e2e
+
+ARTIFACTS = Path(__file__).parents[2] / ".test-artifacts" / "browser"
+GRACE_SECS = 2
+
+
+@pytest.fixture(scope="module")
+def page() -> Iterator[Page]:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with Chromium(log_dir=ARTIFACTS) as browser:
+        yield browser.page()
+
+
+def test_docs_lists_relays_operations_offline(relay: Relay, page: Page) -> None:
+    spec = httpx.get(f"{relay.url}/openapi.json", timeout=10).json()
+    operation_ids = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
+    assert {"listWorkflows", "listExecutors", "registerApp"} <= operation_ids
+    page.navigate(f"{relay.url}/docs")
+    try:
+        page.wait_for(f"document.querySelectorAll('.opblock').length >= {len(operation_ids)}",
+                      what="Swagger UI's operations")
+    finally:
+        print(f"\nscreenshot: {page.screenshot(ARTIFACTS / 'docs.png')}")
+    # Swagger UI gives each operation the element id "operations-<tag>-<operationId>".
+    rendered = {i.rsplit("-", 1)[1] for i in page.evaluate("[...document.querySelectorAll('.opblock')].map(e => e.id)")}
+    assert rendered == operation_ids, operation_ids ^ rendered
+    text = page.text()
+    assert "OAS 3.1" in text and "List executors" in text, text[:2000]
+    assert "Unable to render" not in text and "Failed to load" not in text
+    # Everything it loaded came from the gateway: nothing from a CDN (which could not resolve here anyway).
+    assert {urlsplit(url).netloc for url in page.resources()} == {urlsplit(relay.url).netloc}, page.resources()
+
+
+def test_temporal_ui_shows_an_executors_recovery(relay: Relay, page: Page, tmp_path: Path) -> None:
+    app, sys_db = "browser-e2e", tmp_path / "sys.sqlite"
+    with relay.api() as client:
+        assert client.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+        assert client.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": GRACE_SECS}).status_code == 204
+    a = dbos_executor(relay.ws_url, relay.key, app, sys_db, tmp_path / "a.log")
+    b: Process | None = None
+    try:
+        # One at a time: two executors migrating a brand-new SQLite system database at once can crash one.
+        wait_until(lambda: list(relay.executors(app).values()) == ["HEALTHY"], timeout=60, what="A HEALTHY")
+        [a_id] = relay.executors(app)
+        b = dbos_executor(relay.ws_url, relay.key, app, sys_db, tmp_path / "b.log")
+        wait_until(lambda: list(relay.executors(app).values()) == ["HEALTHY", "HEALTHY"], timeout=60,
+                   what="B HEALTHY")
+        b_id = next(e for e in relay.executors(app) if e != a_id)
+        a.kill()
+        wait_until(lambda: a_id not in relay.executors(app), timeout=30, what="A recovered and its record deleted")
+    finally:
+        a.stop()
+        if b is not None:
+            b.stop()
+
+    workflow_id = lifecycle_workflow_id("local", app, a_id)
+    run_id = asyncio.run(_closed_run(relay.temporal_address, workflow_id))
+    ui = f"http://127.0.0.1:{relay.env['RELAY_TEMPORAL_UI_PORT']}"
+    page.navigate(f"{ui}/namespaces/default/workflows/{quote(workflow_id, safe='')}/{run_id}/history")
+    try:
+        page.wait_for("document.body.innerText.includes('Workflow Execution Completed')",
+                      timeout=20, what="the lifecycle workflow's event history")
+    finally:
+        print(f"\nscreenshot: {page.screenshot(ARTIFACTS / 'temporal-recovery.png')}")
+    text = page.text()
+    # Each event as the history table shows it: its type, then its details (tabs and newlines between cells).
+    events = {
+        "grace timer started": _row("Timer Started", "Start To Fire Timeout", f"{GRACE_SECS} seconds", "Summary",
+                                    f"grace {GRACE_SECS} s"),
+        "grace timer fired": _row("Timer Fired", "Timer ID"),
+        "recovery dispatched": _row("Activity Task Scheduled", "Activity Type", Activity.DISPATCH_RECOVERY, "Summary",
+                                    f"recovery via {b_id} attempt 1"),
+        "recovery confirmed": _row("Activity Task Scheduled", "Activity Type", Activity.EXIST_PENDING_WORKFLOWS,
+                                   "Summary", f"confirm recovery via {b_id}"),
+        "workflow completed": _row("Workflow Execution Completed", "Result", '{"status":"RECOVERED"'),
+    }
+    found = {name: pattern.search(text) for name, pattern in events.items()}
+    missing = [name for name, match in found.items() if match is None]
+    assert not missing, f"not on the page: {missing}\n{text[:6000]}"
+    # In history order, whichever way the table is sorted.
+    positions = [match.start() for match in found.values() if match is not None]
+    assert positions in (sorted(positions), sorted(positions, reverse=True)), dict(zip(found, positions, strict=True))
+    page.scroll_to(f"grace {GRACE_SECS} s")
+    print(f"screenshot: {page.screenshot(ARTIFACTS / 'temporal-recovery-grace.png')}")
+
+
+def _row(event_type: str, *details: str) -> re.Pattern[str]:
+    return re.compile(r"\s+".join(re.escape(cell) for cell in (event_type, *details)))
+
+
+async def _closed_run(address: str, workflow_id: str) -> str:
+    """The run id of the lifecycle workflow's last run, once it has closed (right after the record's deletion)."""
+    client = await connect(address, "default")
+    handle = client.get_workflow_handle(workflow_id)
+    await asyncio.wait_for(handle.result(), 30)
+    return (await handle.describe()).run_id
