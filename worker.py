@@ -22,12 +22,16 @@ from temporalio.client import (
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
+from activities.alerts import AlertActivities
+from activities.gate import GateActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
 from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
 from core.temporal import connect
+from workflows.alerts import AlertsWorkflow
+from workflows.contracts.alerts import ALERTS_SCHEDULE_ID, AlertsInput
 from workflows.contracts.common import SHARED_TASK_QUEUE
 from workflows.contracts.retention import RETENTION_SCHEDULE_ID, RetentionInput
 from workflows.gateway_watch import GatewayWorkflow
@@ -44,12 +48,17 @@ MAX_CACHED_WORKFLOWS = 20_000
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 
 
-def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_QUEUE) -> Worker:
+def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_QUEUE,
+                 settings: Settings | None = None) -> Worker:
+    alerts = AlertActivities(store, webhook_url=settings.alert_webhook_url if settings else None,
+                             webhook_secret=settings.alert_webhook_secret if settings else None)
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow],
-        activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all()],
+        workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow,
+                   AlertsWorkflow],
+        activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all(), *GateActivities(store).all(),
+                    *alerts.all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
@@ -65,9 +74,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(make_engine(settings.db_url))
     client = await connect(settings.temporal_target, settings.temporal_namespace)
-    async with build_worker(client, store):
+    async with build_worker(client, store, settings=settings):
         log.info("worker running on task queue %s", SHARED_TASK_QUEUE)
         await ensure_retention_schedule(client, settings)
+        await ensure_alerts_schedule(client, settings)
         await stop.wait()
     store.engine.dispose()
 
@@ -138,3 +148,40 @@ async def _same_schedule(client: Client, current: Schedule, desired: Schedule) -
     except Exception:  # an argument of another shape (an older Relay): replace it
         return False
     return list(args) == list(want.args)
+
+
+# -- the alerts schedule -------------------------------------------------------------------------------------------
+
+
+def alerts_schedule(settings: Settings) -> Schedule:
+    """An ``AlertsWorkflow`` every ``alert_interval``, overlaps skipped, no backlog after an outage."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            AlertsWorkflow.run,
+            AlertsInput(interval=settings.alert_interval, reply_timeout=settings.management_timeout),
+            id=ALERTS_SCHEDULE_ID,
+            task_queue=SHARED_TASK_QUEUE,
+            static_summary="Relay alerts round",
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=settings.alert_interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=RETENTION_CATCHUP_WINDOW),
+    )
+
+
+async def ensure_alerts_schedule(client: Client, settings: Settings) -> None:
+    """Create the alerts schedule, or bring its action, spec and policy to the settings (its state, such as an
+    operator's pause, is left alone). Idempotent; the last worker started wins."""
+    desired = alerts_schedule(settings)
+    try:
+        await client.create_schedule(ALERTS_SCHEDULE_ID, desired)
+        log.info("alerts schedule %s created: every %s", ALERTS_SCHEDULE_ID, settings.alert_interval)
+        return
+    except ScheduleAlreadyRunningError:
+        pass
+
+    async def reconcile(current: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule = current.description.schedule
+        schedule.action, schedule.spec, schedule.policy = desired.action, desired.spec, desired.policy
+        return ScheduleUpdate(schedule=schedule)
+
+    await client.get_schedule_handle(ALERTS_SCHEDULE_ID).update(reconcile)

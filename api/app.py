@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from api import problems
-from api.routes import apps, health, metrics, queues, schedules, unsupported, versions, workflows
+from api.routes import alerts, apps, docs, health, metrics, queues, safety, schedules, unsupported, versions, workflows
 from core.logs import install_redaction
 from core.models import make_engine
 from core.settings import Settings
@@ -55,6 +55,8 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
         version="0.1.0",
         summary="Self-hosted control plane for DBOS executors (Conductor API v2 subset)",
         lifespan=lifespan if gateway is None else None,
+        docs_url=None,  # api/routes/docs.py serves both pages, with their assets, instead of from a CDN
+        redoc_url=None,
     )
     if gateway is not None:
         app.state.store = gateway.store
@@ -68,5 +70,8 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
     app.include_router(queues.router)
     app.include_router(schedules.router)
     app.include_router(versions.router)
+    app.include_router(safety.router)
+    app.include_router(alerts.router)
     app.include_router(unsupported.router)
+    app.include_router(docs.router)
     return app

@@ -22,8 +22,9 @@ from pydantic import (
     field_validator,
 )
 
-from core import models, units
+from core import alerts, models, units
 from core.names import APP_PATTERN
+from workflows.contracts.alerts import RuleType
 from workflows.contracts.common import ExecutorStatus
 
 MAX_EXECUTOR_TIMEOUT = timedelta(days=7)
@@ -278,3 +279,167 @@ UTCTime = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_ut
 
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
+
+
+# -- drain, pause and the recovery-storm breaker (Relay extensions) ------------------------------------------------
+
+# The longest drain or pause one request may set: a forgotten one then ends by itself within a month.
+MAX_SAFETY_EXPIRY = timedelta(days=30)
+ExpiresInSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_SAFETY_EXPIRY)), _JSON_INT]
+Reason = Annotated[str, StringConstraints(max_length=FILTER_MAX, pattern=r"^[^\x00-\x1f\x7f]*$")]
+
+
+class DrainInputBody(InputBody):
+    """Relay extension: drain an executor for ``expiresInSecs`` seconds (it then ends by itself)."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    expiresInSecs: ExpiresInSecs
+    reason: Reason = ""
+
+    @property
+    def expires_in(self) -> timedelta:
+        return units.seconds_to_timedelta(self.expiresInSecs)
+
+
+class Drain(BaseModel):
+    """Relay extension: an executor's drain. While ``active``, the executor is never chosen to recover others or
+    to carry an operator's request; its own lifecycle (and its recovery, should it die) is unchanged. An expired
+    drain is kept, inactive, until it is replaced or deleted."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    executorId: str
+    until: datetime
+    active: bool
+    reason: str
+    subject: str = Field(description="who drained it: `system`, or `api_key:<key id>`")
+    createdAt: datetime
+
+    @classmethod
+    def of(cls, row: models.ExecutorDrain, *, now: datetime) -> Drain:
+        return cls(executorId=row.executor_id, until=row.until, active=row.until > now, reason=row.reason,
+                   subject=row.subject, createdAt=row.created_at)
+
+
+class PauseInputBody(InputBody):
+    """Relay extension: pause an app's recoveries for ``expiresInSecs`` seconds (a maintenance window)."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    expiresInSecs: ExpiresInSecs
+    reason: Reason = ""
+
+    @property
+    def expires_in(self) -> timedelta:
+        return units.seconds_to_timedelta(self.expiresInSecs)
+
+
+class RecoveryPause(BaseModel):
+    """Relay extension: an app's recovery pause. While ``active``, DEAD executors wait (durably) for it to end;
+    then they are recovered one at a time, at the breaker's pace."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    until: datetime
+    active: bool
+    reason: str
+    subject: str = Field(description="who paused it: `system`, or `api_key:<key id>`")
+    createdAt: datetime
+
+    @classmethod
+    def of(cls, row: models.RecoveryPause, *, now: datetime) -> RecoveryPause:
+        return cls(until=row.until, active=row.until > now, reason=row.reason, subject=row.subject,
+                   createdAt=row.created_at)
+
+
+class RecoveryBreaker(BaseModel):
+    """Relay extension: the app's recovery-storm breaker. Tripped, recoveries go one at a time, one per
+    RELAY_RECOVERY_PACE_SECS; it resets once no executor died for a window and the backlog is through."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    tripped: bool
+    trippedAt: datetime | None
+    trips: int = Field(description="times it tripped, ever")
+    lastSlotAt: datetime | None = Field(description="the last paced slot handed out (may be in the future)")
+
+
+class RecoveryWaiting(BaseModel):
+    """Relay extension: a DEAD executor whose recovery the gate holds."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    executorId: str
+    diedAt: datetime
+    slotAt: datetime | None = Field(description="when it may go (paced); null while paused")
+    reason: str = Field(description="`paused` or `paced`")
+
+
+class RecoveryStatus(BaseModel):
+    """Relay extension: an app's recovery gate: its pause (null: none was set), breaker and waiting recoveries."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    pause: RecoveryPause | None
+    breaker: RecoveryBreaker
+    waiting: list[RecoveryWaiting]
+
+
+# -- alerting rules ------------------------------------------------------------------------------------------
+
+RuleTypeName = Literal["WorkflowFailure", "SlowQueue", "UnresponsiveApplication"]
+# Upstream's int32.
+MinIntervalSecs = Annotated[int, Field(ge=0, le=2**31 - 1), _JSON_INT]
+# A workflow or queue name: any text but NUL, which PostgreSQL's JSON cannot hold.
+RuleName = Annotated[str, StringConstraints(min_length=1, max_length=alerts.MAX_NAME, pattern=r"^[^\x00]+$")]
+
+
+class RuleMetadata(BaseModel):
+    """What Relay reads of ``ruleMetadata`` (free-form upstream); other keys are kept and ignored. Which rule type
+    reads which key, and the defaults, are in ``core.alerts``."""
+
+    model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=extended(
+        "Relay reads workflowName and minFailures (WorkflowFailure), queueName (SlowQueue; every queue when left "
+        "out) and thresholdSecs (SlowQueue, UnresponsiveApplication; default 60)"))
+
+    workflowName: RuleName | None = None
+    minFailures: Annotated[int, Field(ge=1, le=2**31 - 1), _JSON_INT] = 1
+    queueName: RuleName | None = None
+    thresholdSecs: Annotated[float, Field(gt=0, le=alerts.MAX_THRESHOLD.total_seconds())] = \
+        alerts.DEFAULT_THRESHOLD.total_seconds()
+
+
+class CreateAlertInputBody(InputBody):
+    """Upstream ``CreateAlertInputBody``. ``receivingAppName`` left out: the rule's own app receives its alerts
+    (by webhook, RELAY_ALERT_WEBHOOK_URL, and by the ``alert`` message to one of its executors)."""
+
+    ruleType: RuleTypeName
+    ruleMetadata: RuleMetadata | None
+    minIntervalSecs: MinIntervalSecs | None = Field(
+        default=None, json_schema_extra=extended("null or left out: no minimum beyond the evaluation interval"))
+    receivingAppName: AppNameStr | None = Field(
+        default=None, json_schema_extra=extended("left out or null: the rule's own app"))
+
+    def metadata(self) -> dict[str, Any] | None:
+        """``ruleMetadata`` as sent (the keys given, unknown ones included), to store and show back."""
+        return None if self.ruleMetadata is None else self.ruleMetadata.model_dump(exclude_unset=True)
+
+
+class AlertingRule(BaseModel):
+    """Upstream ``AlertingRule``: ``appId`` and ``receivingAppId`` are the apps' ids (``Application.id``)."""
+
+    id: str
+    appId: str
+    receivingAppId: str
+    ruleType: RuleTypeName
+    ruleMetadata: Any
+    minIntervalSecs: int | None
+    lastFiredAt: datetime | None
+
+    @classmethod
+    def of(cls, rule: models.AlertingRule) -> AlertingRule:
+        return cls(id=rule.id, appId=rule.app_id, receivingAppId=rule.receiving_app_id,
+                   ruleType=RuleType(rule.rule_type).value, ruleMetadata=rule.rule_metadata,
+                   minIntervalSecs=None if rule.min_interval is None else units.timedelta_to_seconds(rule.min_interval),
+                   lastFiredAt=rule.last_fired_at)

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 
 from cli import admin as admin_cli
+from cli import alerts as alerts_cli
+from cli import safety as safety_cli
 from cli import workflows as workflows_cli
 from core.errors import RelayError
 from core.logs import configure as configure_logging
@@ -48,6 +50,8 @@ def parser() -> argparse.ArgumentParser:
     create.add_argument("--name", default="cli", help="a label for the key")
     admin_cli.add_commands(sub, keys)
     workflows_cli.add_commands(sub)
+    safety_cli.add_commands(sub)
+    alerts_cli.add_commands(sub)
     return p
 
 

@@ -131,6 +131,61 @@ class RetentionState(SQLModel, table=True):
     request_id: str | None = None
 
 
+class ExecutorDrain(SQLModel, table=True):
+    """An operator's drain of one executor until ``until``: never chosen to recover others or to carry an operator's
+    request. A table of its own, not a column of ``Executor``: the lifecycle workflow rewrites that row on every
+    status change, and a drain must outlive those writes. An expired row is ignored, not deleted."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    executor_id: str = Field(primary_key=True)
+    until: datetime = Field(sa_type=UTCDateTime)
+    subject: str = "system"
+    reason: str = ""
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class RecoveryPause(SQLModel, table=True):
+    """An app's recovery paused until ``until`` (a maintenance window): DEAD executors wait, then are paced."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    until: datetime = Field(sa_type=UTCDateTime)
+    subject: str = "system"
+    reason: str = ""
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class RecoveryGate(SQLModel, table=True):
+    """An app's recovery gate (``core.gate``): the storm breaker and the last paced slot handed out. Every
+    admission bumps ``version`` first, which takes the row's write lock, so admissions of one app are serialized."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    tripped_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    trips: int = 0
+    last_slot_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_granted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    version: int = 0
+
+
+class RecoveryTicket(SQLModel, table=True):
+    """One death's passage through the gate: when it asked first, the slot it was given, when it was let through,
+    and the peer that carried it (recent tickets spread recoveries over the survivors)."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    executor_id: str = Field(primary_key=True)
+    # The death this is about (the lifecycle workflow's own key): a revived executor that dies again asks anew.
+    ticket: str
+    died_at: datetime = Field(sa_type=UTCDateTime)
+    slot_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    granted_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    paused: bool = False  # it waited for a pause: paced afterwards, and not counted as part of a storm
+    held: str = ""  # why it was last told to wait ("paused", "paced"): audited once per reason
+    candidate_id: str | None = None
+
+
 PG_CONNECT_TIMEOUT_S = 5
 
 
@@ -166,3 +221,34 @@ def make_engine(url: str, database: DatabaseSettings | None = None) -> Engine:
                                pool_timeout=db.pool_timeout_secs, connect_args=args)
     migrations.upgrade(engine)
     return engine
+
+
+class AlertingRule(SQLModel, table=True):
+    """An alerting rule (upstream ``AlertingRule``) and its evaluation state (``core.alerts``). The app and the
+    receiving app are kept by name (what delivery routes by) and by id (what the REST API shows): rules of an app
+    deleted and registered again under the same name are not its rules."""
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    org: str = Field(index=True)
+    app: str
+    app_id: str = Field(index=True)
+    receiving_app: str
+    receiving_app_id: str
+    rule_type: str
+    rule_metadata: Any = Field(default=None, sa_column=Column(JSON))
+    min_interval: timedelta | None = Field(default=None, sa_type=Interval)
+    last_fired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # The end of the last window evaluated (WorkflowFailure), and since when the app has been seen without a
+    # HEALTHY executor (UnresponsiveApplication).
+    checked_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    condition_since: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    # Firings held back by min_interval since the rule last fired: the next alert counts them.
+    suppressed: int = 0
+    created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class AlertWatermark(SQLModel, table=True):
+    """How far the alerts round has read the audit log for Relay's own alerts (one row, ``name`` "audit")."""
+
+    name: str = Field(primary_key=True)
+    until: datetime = Field(sa_type=UTCDateTime)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core import units
@@ -27,6 +27,36 @@ class DatabaseSettings(BaseSettings):
     pool_timeout_secs: float = Field(default=30, gt=0)
     # PostgreSQL's statement_timeout for Relay's sessions; 0: none (the server's own setting).
     statement_timeout_secs: float = Field(default=0, ge=0)
+
+
+class RecoverySettings(BaseSettings):
+    """The recovery gate's policy (``RELAY_RECOVERY_*``; ``core.gate``): when a storm of deaths trips the breaker,
+    how fast recoveries then go, and how often a recovery held by a pause looks again. Read by the worker's gate
+    activities themselves (as ``make_engine`` reads ``DatabaseSettings``), so every worker applies them."""
+
+    model_config = SettingsConfigDict(env_prefix="RELAY_RECOVERY_", extra="ignore")
+
+    # The breaker trips when at least this share of an app's executors, and at least this many, went down (DEAD,
+    # or DISCONNECTED on their way to it) within the window.
+    storm_share: float = Field(default=0.5, gt=0, le=1)
+    storm_min_executors: int = Field(default=3, ge=1)
+    storm_window_secs: float = Field(default=60, gt=0)
+    # While it is tripped, and for the backlog a pause leaves, one recovery starts per this many seconds.
+    pace_secs: float = Field(default=5, gt=0)
+    # A recovery held by a pause asks again at least this often, so a pause lifted early lets it go soon after.
+    pause_recheck_secs: float = Field(default=15, gt=0)
+
+    @property
+    def storm_window(self) -> timedelta:
+        return units.seconds_to_timedelta(self.storm_window_secs)
+
+    @property
+    def pace(self) -> timedelta:
+        return units.seconds_to_timedelta(self.pace_secs)
+
+    @property
+    def pause_recheck(self) -> timedelta:
+        return units.seconds_to_timedelta(self.pause_recheck_secs)
 
 
 class Settings(BaseSettings):
@@ -76,6 +106,20 @@ class Settings(BaseSettings):
     max_reply_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     bulk_max_workflows: int = Field(default=1000, ge=1)
     bulk_operations_per_minute: int = Field(default=30, ge=1)
+    # Prometheus metrics on a listener of their own (``core.metrics``): no key, every org's numbers, so loopback by
+    # default. Each process serves its own: `relay gateway` and `relay worker` on one host need different ports.
+    # 0: no listener.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = Field(default=9464, ge=0, le=65535)
+    # The Temporal SDK's own metrics (its Rust core's Prometheus exporter, on RELAY_METRICS_HOST). Unset: the
+    # metrics port + 1 (none when RELAY_METRICS_PORT is 0); 0: none.
+    temporal_metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # Alerts (``workflows.alerts``): how often the rules are evaluated, and the webhook every alert is POSTed to
+    # (none when unset), signed with HMAC-SHA256 when the secret is set. The secret is a SecretStr: its repr and
+    # any log of the settings show "**********".
+    alert_interval_secs: float = Field(default=60, gt=0)
+    alert_webhook_url: str | None = None
+    alert_webhook_secret: SecretStr | None = None
 
     @field_validator("data_dir")
     @classmethod
@@ -97,6 +141,14 @@ class Settings(BaseSettings):
     @property
     def embedded_temporal(self) -> bool:
         return self.temporal_address is None
+
+    @property
+    def temporal_metrics_address(self) -> str | None:
+        """``host:port`` of the Temporal SDK's Prometheus exporter, or None when it is off."""
+        port = self.temporal_metrics_port
+        if port is None:
+            port = self.metrics_port + 1 if self.metrics_port else 0
+        return f"{self.metrics_host}:{port}" if port else None
 
     @property
     def executor_ping_wait(self) -> timedelta:
@@ -159,3 +211,7 @@ class Settings(BaseSettings):
     @property
     def recovery_timeout(self) -> timedelta:
         return units.seconds_to_timedelta(self.recovery_timeout_secs)
+
+    @property
+    def alert_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.alert_interval_secs)

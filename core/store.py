@@ -13,19 +13,26 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, Engine, bindparam, text
+from sqlalchemy import Connection, Engine, bindparam, exists, text, update
+from sqlalchemy import delete as sa_delete
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, and_, col, or_, select
 
-from core import candidates, units
+from core import candidates, gate, units
 from core.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
 from core.models import (
+    AlertingRule,
+    AlertWatermark,
     ApiKey,
     Application,
     AuditLog,
     Executor,
+    ExecutorDrain,
     RecoveryClaim,
+    RecoveryGate,
+    RecoveryPause,
+    RecoveryTicket,
     RetentionState,
     utcnow,
 )
@@ -75,6 +82,15 @@ class Principal:
         """403 for a key not allowed for ``app``."""
         if not self.allows(app):
             raise ForbiddenError(f"this key is not allowed for app {app!r}")
+
+
+@dataclass(frozen=True)
+class StatusWritten:
+    """What ``Store.record_status`` did: whether this call wrote the event (False: an earlier try of the same
+    activity had), and, for a HEALTHY write, the ids of the app's DEAD executors."""
+
+    written: bool
+    dead: list[str]
 
 
 @dataclass(frozen=True)
@@ -181,9 +197,10 @@ class Store:
 
     def record_status(self, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
                       event_key: str, info: ExecutorInfo | None, connection_id: str | None,
-                      gateway_queue: str | None, details: dict[str, Any]) -> list[str]:
-        """Upsert the registry row and write its audit row, both at most once per ``event_key``. For a HEALTHY
-        write, also returns the ids of the app's DEAD executors (each one's workflow may be waiting for a peer)."""
+                      gateway_queue: str | None, details: dict[str, Any]) -> StatusWritten:
+        """Upsert the registry row and write its audit row, both at most once per ``event_key``; whether this call
+        wrote them and, for a HEALTHY write, the ids of the app's DEAD executors (each one's workflow may be waiting
+        for a peer)."""
         with Session(self.engine) as s:
             landed = s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None
             if not landed:  # else a retried activity: this event already landed
@@ -207,9 +224,15 @@ class Store:
                                operation=operation, details=details, emit_time=now))
                 s.commit()
             if status != ExecutorStatus.HEALTHY:
-                return []
-            return list(s.exec(select(Executor.executor_id).where(
-                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all())
+                return StatusWritten(written=not landed, dead=[])
+            return StatusWritten(written=not landed, dead=list(s.exec(select(Executor.executor_id).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all()))
+
+    def dead_since(self, *, org: str, app: str, executor_id: str) -> datetime | None:
+        """When the executor was recorded DEAD (its row's last write), or None when it is not DEAD."""
+        with Session(self.engine) as s:
+            row = s.get(Executor, (org, app, executor_id))
+        return row.updated_at if row is not None and row.status == ExecutorStatus.DEAD else None
 
     def delete_executor(self, *, org: str, app: str, executor_id: str, event_key: str,
                         details: dict[str, Any]) -> None:
@@ -231,14 +254,21 @@ class Store:
         """Claim a HEALTHY peer for ``dead_executor_id``'s recovery: ``(peer, cross_version)``, or None.
 
         The choice is ``candidates.select_candidate``'s; this loads what it reads and records the claim.
+        Drained executors are never chosen. Recoveries the peers carried recently (the gate's tickets) break ties
+        between equally busy peers, so paced recoveries, each chosen when none is in flight, still spread evenly.
         """
         with Session(self.engine) as s:
             application = s.exec(select(Application).where(Application.org == org, Application.name == app)).first()
             claims = _live_claims(s, org, app)
+            tickets = {t.executor_id: t for t in s.exec(select(RecoveryTicket).where(
+                RecoveryTicket.org == org, RecoveryTicket.app == app)).all()}
+            carried = Counter(t.candidate_id for i, t in tickets.items() if t.candidate_id and i != dead_executor_id)
+            healthy = _eligible(s, org, app)
             found = candidates.select_candidate(
-                _routable(s, org, app), app_version=app_version, exclude=exclude,
+                healthy, app_version=app_version, exclude=exclude,
                 cross_version_allowed=application is not None and application.cross_version_recovery,
                 claims={c.dead_executor_id: c.candidate_id for c in claims}, dead_executor_id=dead_executor_id,
+                carried=carried,
             )
             if found is None:
                 return None
@@ -246,13 +276,17 @@ class Store:
             if dead_executor_id:
                 s.merge(RecoveryClaim(org=org, app=app, dead_executor_id=dead_executor_id,
                                       candidate_id=row.executor_id, claimed_at=utcnow()))
+                ticket = tickets.get(dead_executor_id)
+                if ticket is not None:
+                    ticket.candidate_id = row.executor_id
+                    s.add(ticket)
                 s.commit()
                 s.refresh(row)
             return row, cross
 
     def management_candidates(self, org: str, app: str) -> Candidates:
-        """The app's routable HEALTHY executors, and the ids of those busy: a recovery or a slow operator's
-        request is on them (claimed peers). Read on every management request."""
+        """The app's routable HEALTHY executors that are not drained, and the ids of those busy: a recovery or a
+        slow operator's request is on them (claimed peers). Read on every management request."""
         with self.engine.connect() as c:
             return _candidates(c, org, app)
 
@@ -294,7 +328,8 @@ class Store:
 
     def write_audit(self, *, org: str, operation: str, app: str | None = None, executor_id: str | None = None,
                     status: str = "success", subject: str = "system", source_ip: str = "",
-                    details: dict[str, Any] | None = None, event_key: str | None = None) -> None:
+                    details: dict[str, Any] | None = None, event_key: str | None = None) -> bool:
+        """Write one audit row; False when an earlier try of the same activity wrote it (the same ``event_key``)."""
         with Session(self.engine) as s:
             s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id, operation=operation,
                            status=status, subject=subject, source_ip=source_ip, details=details))
@@ -302,6 +337,8 @@ class Store:
                 s.commit()
             except IntegrityError:
                 s.rollback()  # same event_key: already written by an earlier try of the same activity
+                return False
+        return True
 
     def list_audit(self, org: str, *, app: str | None = None, limit: int = 1000) -> list[AuditLog]:
         with Session(self.engine) as s:
@@ -338,7 +375,7 @@ class Store:
         """The executor to run the app's retention round (``candidates.select_retention_executor``, newest
         application version first): ``(executor_id, gateway_queue)``, or None."""
         with Session(self.engine) as s:
-            best = candidates.select_retention_executor(_routable(s, org, app), exclude=exclude, latest=latest)
+            best = candidates.select_retention_executor(_eligible(s, org, app), exclude=exclude, latest=latest)
         if best is None:
             return None
         assert best.gateway_queue is not None
@@ -346,12 +383,12 @@ class Store:
 
     def write_retention_audit(self, *, org: str, app: str, operation: str, event_key: str, status: str,
                               executor_id: str | None, details: dict[str, Any],
-                              started_at: datetime | None = None, request_id: str | None = None) -> None:
+                              started_at: datetime | None = None, request_id: str | None = None) -> bool:
         """Write one retention audit row and, with ``started_at``, the app's last round, in one transaction and
-        at most once per ``event_key``."""
+        at most once per ``event_key``; False when an earlier try wrote them."""
         with Session(self.engine) as s:
             if s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None:
-                return  # a retried activity: this event already landed
+                return False  # a retried activity: this event already landed
             s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id, operation=operation,
                            status=status, details=details))
             if started_at is not None:
@@ -365,6 +402,138 @@ class Store:
                 s.commit()
             except IntegrityError:
                 s.rollback()  # the same event_key, written concurrently by an earlier try of this activity
+                return False
+        return True
+
+    # -- drain, pause and the recovery gate (core.gate) ---------------------------------------------------
+
+    def set_drain(self, *, org: str, app: str, executor_id: str, until: datetime, reason: str, subject: str,
+                  source_ip: str, details: dict[str, Any]) -> ExecutorDrain:
+        """Drain a registered executor until ``until`` (replacing any drain of it), audited. 404: unknown app or
+        executor."""
+        with Session(self.engine) as s:
+            _app_row(s, org, app)
+            if s.get(Executor, (org, app, executor_id)) is None:
+                raise NotFoundError(f"executor {executor_id!r} of app {app!r} not found")
+            row = s.merge(ExecutorDrain(org=org, app=app, executor_id=executor_id, until=until, subject=subject,
+                                        reason=reason, created_at=utcnow()))
+            s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.drain.set",
+                           subject=subject, source_ip=source_ip,
+                           details={**details, "until": until.isoformat(), "reason": reason}))
+            s.commit()
+            s.refresh(row)
+            return row
+
+    def clear_drain(self, *, org: str, app: str, executor_id: str, subject: str, source_ip: str) -> list[str]:
+        """End an executor's drain (expired or not), audited; returns the app's DEAD executors (their recoveries
+        may be waiting for a peer). 404: unknown app, or no drain of that executor."""
+        with Session(self.engine) as s:
+            _app_row(s, org, app)
+            row = s.get(ExecutorDrain, (org, app, executor_id))
+            if row is None:
+                raise NotFoundError(f"executor {executor_id!r} of app {app!r} is not drained")
+            s.delete(row)
+            s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.drain.cleared",
+                           subject=subject, source_ip=source_ip, details={"until": row.until.isoformat()}))
+            s.commit()
+            return list(s.exec(select(Executor.executor_id).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all())
+
+    def list_drains(self, org: str, app: str) -> list[ExecutorDrain]:
+        """The app's drains, expired ones included (they are ignored, not deleted), by executor id. 404: no app."""
+        with Session(self.engine) as s:
+            _app_row(s, org, app)
+            return list(s.exec(select(ExecutorDrain).where(ExecutorDrain.org == org, ExecutorDrain.app == app)
+                               .order_by(col(ExecutorDrain.executor_id))).all())
+
+    def set_pause(self, *, org: str, app: str, until: datetime, reason: str, subject: str, source_ip: str,
+                  details: dict[str, Any]) -> RecoveryPause:
+        """Pause the app's recoveries until ``until`` (replacing any pause), audited. 404: unknown app."""
+        with Session(self.engine) as s:
+            _app_row(s, org, app)
+            row = s.merge(RecoveryPause(org=org, app=app, until=until, reason=reason, subject=subject,
+                                        created_at=utcnow()))
+            s.add(AuditLog(org=org, app=app, operation="app.recovery.paused", subject=subject, source_ip=source_ip,
+                           details={**details, "until": until.isoformat(), "reason": reason}))
+            s.commit()
+            s.refresh(row)
+            return row
+
+    def clear_pause(self, *, org: str, app: str, subject: str, source_ip: str) -> None:
+        """Lift the app's pause (expired or not), audited. 404: unknown app, or no pause."""
+        with Session(self.engine) as s:
+            _app_row(s, org, app)
+            row = s.get(RecoveryPause, (org, app))
+            if row is None:
+                raise NotFoundError(f"recovery of app {app!r} is not paused")
+            s.delete(row)
+            s.add(AuditLog(org=org, app=app, operation="app.recovery.resumed", subject=subject, source_ip=source_ip,
+                           details={"until": row.until.isoformat(), "reason": row.reason}))
+            s.commit()
+
+    def recovery_state(self, org: str, app: str) -> tuple[RecoveryPause | None, RecoveryGate | None,
+                                                             list[RecoveryTicket]]:
+        """The app's pause, gate and tickets not let through yet. 404: unknown app."""
+        with Session(self.engine) as s:
+            _app_row(s, org, app)
+            waiting = s.exec(select(RecoveryTicket).where(
+                RecoveryTicket.org == org, RecoveryTicket.app == app, col(RecoveryTicket.granted_at).is_(None))
+                .order_by(col(RecoveryTicket.died_at))).all()
+            return s.get(RecoveryPause, (org, app)), s.get(RecoveryGate, (org, app)), list(waiting)
+
+    def admit_recovery(self, *, org: str, app: str, executor_id: str, ticket: str, now: datetime,
+                       policy: gate.GatePolicy, event_key: str = "") -> gate.Decision:
+        """Ask the app's recovery gate whether ``executor_id``'s recovery (death ``ticket``) may go at ``now``
+        (``core.gate.admit``), in one transaction under the gate's row lock. Writes the breaker's alert
+        (``app.recovery.breaker_tripped``, once per storm), its reset, and the first hold of each kind.
+
+        The lock: an UPDATE of the gate row comes first, so SQLite takes its write lock and PostgreSQL the row's
+        lock before anything is read; concurrent admissions of one app then run one after the other.
+        """
+        with Session(self.engine) as s:
+            _lock_gate(s, org, app)
+            row = s.get(RecoveryGate, (org, app))
+            assert row is not None
+            stored = {t.executor_id: t for t in s.exec(select(RecoveryTicket).where(
+                RecoveryTicket.org == org, RecoveryTicket.app == app)).all()}
+            registry = {e.executor_id: gate.Registered(str(e.status), e.updated_at) for e in s.exec(
+                select(Executor).where(Executor.org == org, Executor.app == app)).all()}
+            pause = s.get(RecoveryPause, (org, app))
+            breaker = gate.Breaker(row.tripped_at, row.trips, row.last_slot_at, row.last_granted_at)
+            tickets = {i: _ticket(t) for i, t in stored.items()}
+            mine, decision = gate.admit(
+                executor_id=executor_id, key=ticket, now=now, ticket=tickets.get(executor_id), breaker=breaker,
+                pause_until=pause.until if pause else None, registry=registry, tickets=tickets, policy=policy)
+            row.tripped_at, row.trips = breaker.tripped_at, breaker.trips
+            row.last_slot_at, row.last_granted_at = breaker.last_slot_at, breaker.last_granted_at
+            s.add(row)
+            _store_ticket(s, stored.get(executor_id), mine, org=org, app=app, executor_id=executor_id)
+            self._gate_audit(s, decision, org=org, app=app, executor_id=executor_id, trips=breaker.trips,
+                             policy=policy, event_key=event_key)
+            for old in stored.values():  # finished tickets stop counting after a while
+                if old.granted_at is not None and old.died_at < now - max(policy.window, TICKETS_KEPT):
+                    s.delete(old)
+            s.commit()
+            return decision
+
+    def _gate_audit(self, s: Session, decision: gate.Decision, *, org: str, app: str, executor_id: str,
+                    trips: int, policy: gate.GatePolicy, event_key: str) -> None:
+        """The gate's audit rows, in its transaction: a retried admission finds the state they record (tripped,
+        reset, held for that reason) already written, so none lands twice; the trip's row also has a unique key."""
+        if decision.reset:
+            s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_reset",
+                           details={"trips": trips}))
+        if decision.tripped:
+            s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_tripped",
+                           status="failure", event_key=f"recovery-breaker/{org}/{app}/{trips}",
+                           details={**decision.storm, "trip": trips, "stormShare": policy.storm_share,
+                                    "stormMinExecutors": policy.storm_min,
+                                    **units.rest_durations({"stormWindowMs": policy.window,
+                                                            "paceMs": policy.pace})}))
+        if decision.first_hold and decision.until is not None:
+            s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.recovery.held",
+                           details={"reason": decision.reason, "until": decision.until.isoformat(),
+                                    **({"workflowEvent": event_key} if event_key else {})}))
 
     # -- admin API -----------------------------------------------------------------------------------------
 
@@ -421,8 +590,9 @@ class Store:
 
     def delete_app(self, org: str, name: str, *, subject: str, source_ip: str,
                    orphans: list[str], details: dict[str, Any]) -> None:
-        """Delete the app's row (audited) and the registry rows of ``orphans``: executors whose lifecycle
-        workflow is gone, so nothing else will ever delete them."""
+        """Delete the app's row (audited), the registry rows of ``orphans`` (executors whose lifecycle workflow is
+        gone, so nothing else will ever delete them), and what belongs to the app alone: its drains, pause, recovery
+        gate and tickets, and its alerting rules (an app registered again under the name starts afresh)."""
         with Session(self.engine) as s:
             app = s.exec(select(Application).where(Application.org == org, Application.name == name)).first()
             if app is None:
@@ -432,6 +602,10 @@ class Store:
                 row = s.get(Executor, (org, name, executor_id))
                 if row is not None:
                     s.delete(row)
+            for table in (ExecutorDrain, RecoveryPause, RecoveryGate, RecoveryTicket):
+                s.execute(sa_delete(table).where(col(table.org) == org, col(table.app) == name))
+            s.execute(sa_delete(AlertingRule).where(or_(col(AlertingRule.app_id) == app.id,
+                                                        col(AlertingRule.receiving_app_id) == app.id)))
             s.add(AuditLog(org=org, app=name, operation="app.deleted", subject=subject, source_ip=source_ip,
                            details=details))
             s.commit()
@@ -523,6 +697,121 @@ class Store:
             names = dict(s.exec(select(ApiKey.id, ApiKey.name).where(col(ApiKey.id).in_(key_ids))).all())
         return rows, names
 
+    # -- alerting rules (core.alerts, workflows.alerts) ------------------------------------------------------
+
+    def create_alert_rule(self, *, org: str, app: str, receiving_app: str, rule_type: str, metadata: Any,
+                          min_interval: timedelta | None, subject: str, source_ip: str) -> AlertingRule:
+        """Create a rule (audited ``alert_rule.created``); 404 for an unknown app or receiving app."""
+        with Session(self.engine) as s:
+            own = s.exec(select(Application).where(Application.org == org, Application.name == app)).first()
+            receiver = own if receiving_app == app else s.exec(select(Application).where(
+                Application.org == org, Application.name == receiving_app)).first()
+            if own is None or receiver is None:
+                missing = app if own is None else receiving_app
+                raise NotFoundError(f"application {missing!r} not found in org {org!r}")
+            rule = AlertingRule(org=org, app=app, app_id=own.id, receiving_app=receiving_app,
+                                receiving_app_id=receiver.id, rule_type=rule_type, rule_metadata=metadata,
+                                min_interval=min_interval)
+            s.add(rule)
+            s.add(AuditLog(org=org, app=app, operation="alert_rule.created", subject=subject, source_ip=source_ip,
+                           details={"ruleId": rule.id, "ruleType": rule_type, "receivingAppName": receiving_app,
+                                    "ruleMetadata": metadata,
+                                    **units.rest_durations({"minIntervalSecs": min_interval})}))
+            s.commit()
+            s.refresh(rule)
+            return rule
+
+    def list_alert_rules(self, org: str, app: str) -> list[AlertingRule]:
+        """The app's rules, oldest first; 404 for an unknown app."""
+        app_id = self.get_app(org, app).id
+        with Session(self.engine) as s:
+            return list(s.exec(select(AlertingRule).where(AlertingRule.app_id == app_id)
+                               .order_by(col(AlertingRule.created_at), col(AlertingRule.id))).all())
+
+    def delete_alert_rule(self, org: str, app: str, rule_id: str, *, subject: str, source_ip: str) -> None:
+        """Delete one of the app's rules (audited ``alert_rule.deleted``); 404 for an unknown app or rule."""
+        app_id = self.get_app(org, app).id
+        with Session(self.engine) as s:
+            rule = s.get(AlertingRule, rule_id)
+            if rule is None or rule.app_id != app_id:
+                raise NotFoundError(f"alerting rule {rule_id!r} not found for app {app!r}")
+            s.delete(rule)
+            s.add(AuditLog(org=org, app=app, operation="alert_rule.deleted", subject=subject, source_ip=source_ip,
+                           details={"ruleId": rule_id, "ruleType": rule.rule_type}))
+            s.commit()
+
+    def alert_rules_to_evaluate(self) -> list[tuple[AlertingRule, int, datetime | None]]:
+        """Every rule of a registered app, each with its app's HEALTHY executor count and the latest change of
+        one of its other executors (when the app lost them, at the latest)."""
+        with Session(self.engine) as s:
+            rules = s.exec(select(AlertingRule).join(Application, col(Application.id) == col(AlertingRule.app_id))
+                           .order_by(col(AlertingRule.created_at))).all()
+            apps = {(r.org, r.app) for r in rules}
+            executors = s.exec(select(Executor).where(col(Executor.org).in_({o for o, _ in apps}),
+                                                      col(Executor.app).in_({a for _, a in apps}))).all() \
+                if apps else []
+        healthy: Counter[tuple[str, str]] = Counter()
+        since: dict[tuple[str, str], datetime] = {}
+        for e in executors:
+            key = (e.org, e.app)
+            if e.status == ExecutorStatus.HEALTHY:
+                healthy[key] += 1
+            else:
+                since[key] = max(since.get(key, e.updated_at), e.updated_at)
+        return [(r, healthy[(r.org, r.app)], since.get((r.org, r.app))) for r in rules]
+
+    def own_alert_events(self, operations: list[str], *, until: datetime, lookback: timedelta,
+                         watermark: str = "audit") -> tuple[list[AuditLog], datetime]:
+        """Audit rows of ``operations`` after the watermark (``until - lookback`` at first) up to ``until``,
+        oldest first, and where that window started."""
+        with Session(self.engine) as s:
+            mark = s.get(AlertWatermark, watermark)
+            start = mark.until if mark is not None else until - lookback
+            if until <= start:
+                return [], start
+            rows = s.exec(select(AuditLog).where(col(AuditLog.operation).in_(operations),
+                                                 col(AuditLog.emit_time) > start, col(AuditLog.emit_time) <= until)
+                          .order_by(col(AuditLog.emit_time))).all()
+        return list(rows), start
+
+    def advance_alert_watermark(self, until: datetime, *, watermark: str = "audit") -> None:
+        """Move the watermark forward to ``until`` (never back)."""
+        with Session(self.engine) as s:
+            mark = s.get(AlertWatermark, watermark)
+            if mark is None:
+                s.add(AlertWatermark(name=watermark, until=until))
+            elif until > mark.until:
+                mark.until = until
+                s.add(mark)
+            try:
+                s.commit()
+            except IntegrityError:  # created concurrently by another round: the later instant wins next time
+                s.rollback()
+
+    def record_rule_evaluation(self, rule_id: str, *, now: datetime, fire: bool, suppressed: bool,
+                               expected_last_fired_at: datetime | None, checked_until: datetime | None,
+                               condition_since: datetime | None) -> bool:
+        """Store one evaluation of a rule. With ``fire``, claim the firing: ``last_fired_at`` becomes ``now`` only
+        if it is still ``expected_last_fired_at`` (or already ``now``: a retried activity), in one UPDATE, so two
+        evaluations never both fire. Returns whether the firing is claimed (False: rule gone, or fired
+        meanwhile, which then counts as held back)."""
+        state = {"checked_until": checked_until, "condition_since": condition_since}
+        where = col(AlertingRule.id) == rule_id
+        with Session(self.engine) as s:
+            if fire:
+                last = col(AlertingRule.last_fired_at)
+                was = last.is_(None) if expected_last_fired_at is None else last == expected_last_fired_at
+                claim = s.execute(update(AlertingRule).where(where, or_(was, last == now))
+                                  .values(last_fired_at=now, suppressed=0, **state))
+                if claim.rowcount == 1:  # type: ignore[attr-defined]
+                    s.commit()
+                    return True
+                suppressed = True
+            bump = col(AlertingRule.suppressed) + (1 if suppressed else 0)
+            s.execute(update(AlertingRule).where(where).values(suppressed=bump, **state))
+            s.commit()
+        return False
+
 
 # Claims by operators' requests (``claim_for_management``) sit beside recovery claims, keyed by request; one left
 # behind by a gateway that died mid-request stops counting after this long.
@@ -536,9 +825,54 @@ def _live_claims(s: Session, org: str, app: str) -> list[RecoveryClaim]:
     return [c for c in claims if _live(c.dead_executor_id, c.claimed_at, stale)]
 
 
+# Let-through tickets are kept this long (or a storm window, if longer): they spread recoveries over the peers.
+TICKETS_KEPT = timedelta(hours=1)
+
+
+def _app_row(s: Session, org: str, app: str) -> Application:
+    row = s.exec(select(Application).where(Application.org == org, Application.name == app)).first()
+    if row is None:
+        raise NotFoundError(f"application {app!r} not found in org {org!r}")
+    return row
+
+
+def _lock_gate(s: Session, org: str, app: str) -> None:
+    """Take the app's gate row lock for this transaction (creating the row the first time)."""
+    bump = update(RecoveryGate).where(col(RecoveryGate.org) == org, col(RecoveryGate.app) == app).values(
+        version=col(RecoveryGate.version) + 1)
+    for _ in range(3):
+        if s.execute(bump).rowcount:  # type: ignore[attr-defined]
+            return
+        s.add(RecoveryGate(org=org, app=app))
+        try:
+            s.flush()
+        except IntegrityError:  # created meanwhile by another admission: bump that one
+            s.rollback()
+            continue
+        s.execute(bump)
+        return
+    raise RuntimeError(f"could not lock the recovery gate of {org}/{app}")
+
+
+def _ticket(row: RecoveryTicket) -> gate.Ticket:
+    return gate.Ticket(key=row.ticket, died_at=row.died_at, slot_at=row.slot_at, granted_at=row.granted_at,
+                       paused=row.paused, held=row.held)
+
+
+def _store_ticket(s: Session, row: RecoveryTicket | None, ticket: gate.Ticket, *, org: str, app: str,
+                  executor_id: str) -> None:
+    if row is None:
+        row = RecoveryTicket(org=org, app=app, executor_id=executor_id, ticket=ticket.key, died_at=ticket.died_at)
+    elif row.ticket != ticket.key:
+        row.candidate_id = None  # an earlier death's
+    row.ticket, row.died_at, row.slot_at, row.granted_at = ticket.key, ticket.died_at, ticket.slot_at, ticket.granted_at
+    row.paused, row.held = ticket.paused, ticket.held
+    s.add(row)
+
+
 def _candidates(c: Connection, org: str, app: str) -> Candidates:
     stale = utcnow() - MANAGEMENT_CLAIM_TTL
-    rows = c.execute(_ROUTABLE, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY}).all()
+    rows = c.execute(_ELIGIBLE, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY, "now": utcnow()}).all()
     claims = c.execute(_CLAIMS, {"org": org, "app": app}).all()
     busy = {claim.candidate_id for claim in claims if _live(claim.dead_executor_id, claim.claimed_at, stale)}
     return Candidates([Executor.model_validate(row._mapping) for row in rows], busy)
@@ -556,13 +890,20 @@ _ANY_KEY_OF_ORG = select(ApiKey.id).where(ApiKey.org == bindparam("org")).limit(
 _APP_BY_NAME = select(Application).where(Application.org == bindparam("org"), Application.name == bindparam("name"))
 _ROUTABLE = select(Executor).where(Executor.org == bindparam("org"), Executor.app == bindparam("app"),
                                    Executor.status == bindparam("status"), col(Executor.gateway_queue).is_not(None))
+# Routable and not drained (a drain still in force): who may recover others or carry an operator's request. The
+# drain is excluded inside the same statement, so a management request still costs one query for its candidates.
+_ELIGIBLE = _ROUTABLE.where(~exists().where(
+    col(ExecutorDrain.org) == col(Executor.org), col(ExecutorDrain.app) == col(Executor.app),
+    col(ExecutorDrain.executor_id) == col(Executor.executor_id), col(ExecutorDrain.until) > bindparam("now")))
 _CLAIMS = select(RecoveryClaim.candidate_id, RecoveryClaim.dead_executor_id, RecoveryClaim.claimed_at).where(
     RecoveryClaim.org == bindparam("org"), RecoveryClaim.app == bindparam("app"))
 
 
-def _routable(s: Session, org: str, app: str) -> list[Executor]:
-    """The app's HEALTHY executors whose gateway is known, so a request can be routed to their socket."""
-    return list(s.execute(_ROUTABLE, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY}).scalars())
+def _eligible(s: Session, org: str, app: str) -> list[Executor]:
+    """The app's HEALTHY executors whose gateway is known (a request can be routed to their socket) and that are
+    not drained: who may recover others, run a retention round or carry an operator's request."""
+    return list(s.execute(_ELIGIBLE, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY,
+                                      "now": utcnow()}).scalars())
 
 
 # -- admin API ----------------------------------------------------------------------------------------------

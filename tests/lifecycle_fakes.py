@@ -30,6 +30,7 @@ from workflows.contracts.common import (
     ExecutorInfo,
     lifecycle_workflow_id,
 )
+from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
 from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
 from workflows.contracts.lifecycle import (
     DeleteExecutorInput,
@@ -97,6 +98,9 @@ class FakeRelay:
     # probe_gateway on the executor's own gateway queue: answers popped first, then "alive, not held, in contact
     # for a day" (a gateway that saw the socket close and never lost Temporal).
     probe_replies: list[ProbeGatewayReply] = field(default_factory=list)
+    # admit_recovery: holds popped from here first, each "wait this long from when you asked, because <reason>";
+    # then "go" (no pause, no storm).
+    gate_holds: list[tuple[str, timedelta]] = field(default_factory=list)
 
     records: list[Call[RecordStatusInput]] = field(default_factory=list)
     timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
@@ -106,6 +110,7 @@ class FakeRelay:
     dispatches: list[Call[DispatchRecoveryInput]] = field(default_factory=list)
     exist_calls: list[Call[ExistPendingInput]] = field(default_factory=list)
     probes: list[Call[ProbeGatewayInput]] = field(default_factory=list)
+    admissions: list[Call[AdmitRecoveryInput]] = field(default_factory=list)
 
     @property
     def self_queue(self) -> str:
@@ -129,11 +134,12 @@ class FakeRelay:
             Activity.SELECT_CANDIDATE: len(self.selects), Activity.WRITE_AUDIT: len(self.audit_calls),
             Activity.DELETE_EXECUTOR: len(self.deletes), Activity.DISPATCH_RECOVERY: len(self.dispatches),
             Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls), Activity.PROBE_GATEWAY: len(self.probes),
+            Activity.ADMIT_RECOVERY: len(self.admissions),
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor]
+                self.delete_executor, self.admit_recovery]
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]
@@ -176,6 +182,14 @@ class FakeRelay:
     @activity.defn(name=Activity.DELETE_EXECUTOR)
     async def delete_executor(self, input: DeleteExecutorInput) -> None:
         await self._call(self.deletes, input)
+
+    @activity.defn(name=Activity.ADMIT_RECOVERY)
+    async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:
+        await self._call(self.admissions, input)
+        if not self.gate_holds:
+            return AdmitRecoveryReply(go=True)
+        reason, wait = self.gate_holds.pop(0)
+        return AdmitRecoveryReply(go=False, until=input.now + wait, reason=reason)
 
     # -- socket-bound activities (each candidate's gateway queue) ---------------------------------------------
 

@@ -27,6 +27,7 @@ from workflows.timing import (
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.common import Candidate, ConnectedSignal, DisconnectedSignal, ExecutorStatus
+    from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply, admit_recovery
     from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
     from workflows.contracts.lifecycle import (
         NEW,
@@ -81,6 +82,11 @@ DB_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=t
 # and again before every recovery request. A missed heartbeat or a late timer means "no news": Temporal itself
 # may have been away. Only a gateway that does not pick the probe up in time counts as gone.
 FENCE_PATCH = "fence-probe"
+# From this patch on, a recovery's first request waits for the app's recovery gate (``core.gate``: an operator's
+# pause, the recovery-storm breaker's pacing), asked through a local activity; told to wait, the workflow waits on
+# a timer (durable, shown in the UI) and asks again. The gate holds its state in the database, so the workflows of
+# many dead executors are paced together.
+GATE_PATCH = "recovery-gate"
 
 
 @workflow.defn
@@ -350,6 +356,7 @@ class ExecutorLifecycleWorkflow:
         attempt = 0
         blocked = False
         fenced = workflow.patched(FENCE_PATCH)
+        admitted = not workflow.patched(GATE_PATCH)
         while True:
             if self._should_continue_as_new():
                 # A long wait for a peer must not grow history without bound: the next run resumes recovery.
@@ -357,6 +364,9 @@ class ExecutorLifecycleWorkflow:
                 workflow.continue_as_new(self._next_input(self._state))
             if fenced and self._state.connection is not None and not await self._still_gone():
                 return None  # it came back before any request went out (a wait for a peer, or a backoff)
+            if not admitted:
+                admitted = await self._admitted()
+                continue  # after a wait: look again for continue-as-new and a revived executor
             self._peer_hint = False
             candidate = await self._db(
                 select_candidate,
@@ -405,6 +415,27 @@ class ExecutorLifecycleWorkflow:
             await self._audit("executor.recovery.failed", "failure", {**details, "reason": error})
             failed.append(candidate.executor_id)
             backoff = await timing.backoff(backoff, f"after attempt {attempt}")
+
+    async def _admitted(self) -> bool:
+        """Ask the recovery gate; True: go. Otherwise wait until it says to ask again (or the executor is back),
+        then False. A pause lifted early is seen at the next ask: the gate makes a paused recovery ask at least
+        every ``RELAY_RECOVERY_PAUSE_RECHECK_SECS``, so no signal is needed and none can be lost."""
+        i, state = self._input, self._state
+        if not state.gate_ticket:
+            state.gate_ticket = str(workflow.uuid4())
+        ask = AdmitRecoveryInput(i.org, i.app, i.executor_id, state.gate_ticket, now=workflow.now(),
+                                 event_key=f"{workflow.info().workflow_id}/gate/{state.gate_ticket}")
+        reply: AdmitRecoveryReply = await workflow.execute_local_activity(
+            admit_recovery, ask, start_to_close_timeout=DB_ACTIVITY_TIMEOUT, retry_policy=DB_RETRY)
+        if reply.go or reply.until is None:
+            return True
+        wait = reply.until - workflow.now()
+        self._describe(f"**recovery held** ({reply.reason}) until {reply.until.isoformat()}")
+        if wait > timedelta(0):
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(lambda: self._state.connection is not None, timeout=wait,
+                                              timeout_summary=f"recovery held: {reply.reason}")
+        return False
 
     async def _attempt(self, candidate: Candidate, request_id: str, attempt: int) -> str | None:
         """One recovery attempt through the candidate's gateway. Returns the failure reason, or None."""
@@ -458,10 +489,13 @@ class ExecutorLifecycleWorkflow:
                 gateway_queue=conn.gateway_queue if conn else None,
                 details=dict(details),
                 durations=dict(durations or {}),
+                connected_at=conn.at if conn else None,
+                grace_deadline=self._state.grace_deadline if status == ExecutorStatus.DEAD else None,
             ),
         )
         self._state.status = status
         self._state.revived = False
+        self._state.gate_ticket = ""  # a death after this one asks the gate anew
         self._describe("")
         if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.

@@ -251,10 +251,11 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
 
 
 def _status(store: Store, executor_id: str, status: ExecutorStatus, *, key: str, app: str = APP) -> list[str]:
+    """The app's DEAD executors, as a HEALTHY write reports them."""
     return store.record_status(
         org="local", app=app, executor_id=executor_id, status=status, operation=f"executor.{status.lower()}",
         event_key=key, connection_id=f"conn-{executor_id}", gateway_queue="gw-1", details={"n": 1},
-        info=ExecutorInfo(executor_id, application_version="v1", hostname="h", executor_metadata={"k": ["v"]}))
+        info=ExecutorInfo(executor_id, application_version="v1", hostname="h", executor_metadata={"k": ["v"]})).dead
 
 
 def _ops(store: Store, app: str = APP) -> list[str]:

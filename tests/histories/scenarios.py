@@ -147,6 +147,17 @@ async def happy_recovery(lc: Lifecycle) -> None:
     expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
 
 
+async def held_then_recovered(lc: Lifecycle) -> None:
+    """The recovery gate holds the recovery twice (an operator's pause, then the storm breaker's pacing): each
+    time the workflow waits on a timer and asks again, about the same death; then it recovers."""
+    lc.fakes.gate_holds = [("paused", timedelta(minutes=5)), ("paced", timedelta(seconds=5))]
+    expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
+    tickets = {call.input.ticket for call in lc.fakes.admissions}
+    check(len(lc.fakes.admissions) == 3 and len(tickets) == 1, f"admissions {lc.fakes.admissions}")
+    check(lc.fakes.dispatches[0].scheduled - lc.fakes.admissions[0].scheduled >= timedelta(minutes=5, seconds=5),
+          "dispatched before the holds ended")
+
+
 async def reconnect_within_grace(lc: Lifecycle) -> None:
     """A reconnect inside the grace cancels it; later the app is deleted (removed while HEALTHY)."""
     await lc.connect("c1")
@@ -419,6 +430,7 @@ SCENARIOS = [
     Scenario("retries", retries),
     Scenario("retries-every-peer-fails", retries_every_peer_fails),
     Scenario("blocked-then-recovered", blocked_then_recovered),
+    Scenario("held-then-recovered", held_then_recovered),
     Scenario("continue-as-new-healthy", continue_as_new_healthy, runs=2, signal_budget=LOWERED_SIGNAL_BUDGET),
     Scenario("continue-as-new-mid-grace", continue_as_new_mid_grace, runs=2, signal_budget=LOWERED_SIGNAL_BUDGET),
     Scenario("continue-as-new-mid-recovery", continue_as_new_mid_recovery, runs=2,

@@ -157,7 +157,14 @@ def _incompatible(failure: Exception | None) -> bool:
     decode as the result type of the activity now called there (activities are called through typed stubs, so
     a call shifted onto another's recorded result can fail on its type before the command types are compared)."""
     return isinstance(failure, NondeterminismError) or (
-        isinstance(failure, RuntimeError) and "Failed decoding arguments" in str(failure))
+        isinstance(failure, RuntimeError) and any(sign in str(failure) for sign in _INCOMPATIBLE))
+
+
+# Signs of a shifted history in a failed activation: Core reports a local activity's recorded marker that does not
+# match the command now issued (the database activities and the recovery gate are local activities) as a failed
+# activation, not a ``NondeterminismError``; and a recorded ``None`` (an activity returning nothing) handed to the
+# gate's call, which reads its reply, fails on it.
+_INCOMPATIBLE = ("Failed decoding arguments", "Nondeterminism error", "'NoneType' object has no attribute")
 
 
 def _recorded_type(path: Path) -> str:

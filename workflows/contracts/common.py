@@ -4,6 +4,7 @@ executor's status and self-description, the signals the gateway watch sends too,
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -44,6 +45,16 @@ class Activity:
     # The fence: asked on a gateway's own queue before anything is declared gone. A gateway that does not pick it
     # up within its schedule-to-start timeout counts as gone; one that does says whether it holds the socket.
     PROBE_GATEWAY = "probe_gateway"
+    # The recovery gate (an operator's pause, the recovery-storm breaker's pacing): a local activity of the lifecycle
+    # workflow, asked before a recovery's first request.
+    ADMIT_RECOVERY = "admit_recovery"
+    # Alerts: the scheduled round's database activities and the webhook, on the shared queue (the ``alert`` message
+    # to an executor goes through its gateway's ``executor_request``).
+    LOAD_ALERT_ROUND = "load_alert_round"
+    EVALUATE_ALERT_RULE = "evaluate_alert_rule"
+    WRITE_ALERT_AUDIT = "write_alert_audit"
+    ADVANCE_ALERT_WATERMARK = "advance_alert_watermark"
+    SEND_ALERT_WEBHOOK = "send_alert_webhook"
     # Workflow management: an operator's request to an executor held by another gateway process, run as a local
     # activity of a ``ManagementRequestWorkflow`` on that process's own queue.
     EXECUTOR_REQUEST = "executor_request"
@@ -92,6 +103,9 @@ class ConnectedSignal:
     # Idempotency key: the gateway retries signals, and Temporal does not deduplicate them.
     signal_id: str
     source_ip: str = ""
+    # When the gateway finished the handshake (its clock): the registry write reports how long after it landed
+    # (``relay_signal_delay_seconds``). None in signals from before it was sent.
+    at: datetime | None = None
 
 
 @dataclass

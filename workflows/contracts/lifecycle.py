@@ -65,6 +65,9 @@ class LifecycleState:
     # DEAD, but recovery was called off before a request went out: the executor holds a live socket after all.
     # The run records it HEALTHY next instead of recovering it.
     revived: bool = False
+    # The current death's key at the recovery gate (``admit_recovery``): carried across continue-as-new, so a run
+    # that continues mid-recovery keeps its place; a new death gets a new key.
+    gate_ticket: str = ""
 
 
 @dataclass
@@ -103,6 +106,10 @@ class RecordStatusInput:
     # Durations for the audit row, by their REST names (``executorTimeoutSecs``): the activity writes each in the
     # unit its name states, so no workflow converts a duration to a number.
     durations: dict[str, timedelta] = field(default_factory=dict)
+    # For metrics only (``core.metrics``), None in inputs from before they were sent: a HEALTHY write's handshake
+    # time on the gateway (``ConnectedSignal.at``), and a DEAD write's end of the grace.
+    connected_at: datetime | None = None
+    grace_deadline: datetime | None = None
 
 
 @dataclass
