@@ -289,8 +289,8 @@ ExpiresInSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_SAF
 Reason = Annotated[str, StringConstraints(max_length=FILTER_MAX, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
-class DrainInputBody(InputBody):
-    """Relay extension: drain an executor for ``expiresInSecs`` seconds (it then ends by itself)."""
+class _ExpiringInputBody(InputBody):
+    """What a drain or a pause is set with: it ends by itself after ``expiresInSecs`` seconds."""
 
     model_config = ConfigDict(json_schema_extra=EXTENSION)
 
@@ -300,6 +300,10 @@ class DrainInputBody(InputBody):
     @property
     def expires_in(self) -> timedelta:
         return units.seconds_to_timedelta(self.expiresInSecs)
+
+
+class DrainInputBody(_ExpiringInputBody):
+    """Relay extension: drain an executor for ``expiresInSecs`` seconds (it then ends by itself)."""
 
 
 class Drain(BaseModel):
@@ -322,17 +326,8 @@ class Drain(BaseModel):
                    subject=row.subject, createdAt=row.created_at)
 
 
-class PauseInputBody(InputBody):
+class PauseInputBody(_ExpiringInputBody):
     """Relay extension: pause an app's recoveries for ``expiresInSecs`` seconds (a maintenance window)."""
-
-    model_config = ConfigDict(json_schema_extra=EXTENSION)
-
-    expiresInSecs: ExpiresInSecs
-    reason: Reason = ""
-
-    @property
-    def expires_in(self) -> timedelta:
-        return units.seconds_to_timedelta(self.expiresInSecs)
 
 
 class RecoveryPause(BaseModel):
