@@ -19,11 +19,13 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.service import RPCError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.alerts import AlertActivities
 from activities.gate import GateActivities
+from activities.orphans import OrphanActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
 from core.models import make_engine
@@ -33,9 +35,11 @@ from core.temporal import connect
 from workflows.alerts import AlertsWorkflow
 from workflows.contracts.alerts import ALERTS_SCHEDULE_ID, AlertsInput
 from workflows.contracts.common import SHARED_TASK_QUEUE
+from workflows.contracts.orphans import ORPHANS_SCHEDULE_ID, OrphanSweepInput
 from workflows.contracts.retention import RETENTION_SCHEDULE_ID, RetentionInput
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
+from workflows.orphans import OrphanSweepWorkflow
 from workflows.retention import AppRetentionWorkflow, RetentionWorkflow
 
 log = logging.getLogger("relay.worker")
@@ -56,9 +60,9 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         client,
         task_queue=task_queue,
         workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow,
-                   AlertsWorkflow],
+                   AlertsWorkflow, OrphanSweepWorkflow],
         activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all(), *GateActivities(store).all(),
-                    *alerts.all()],
+                    *alerts.all(), *OrphanActivities(store).all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
@@ -78,6 +82,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         log.info("worker running on task queue %s", SHARED_TASK_QUEUE)
         await ensure_retention_schedule(client, settings)
         await ensure_alerts_schedule(client, settings)
+        await ensure_orphans_schedule(client, settings)
         await stop.wait()
     store.engine.dispose()
 
@@ -185,3 +190,51 @@ async def ensure_alerts_schedule(client: Client, settings: Settings) -> None:
         return ScheduleUpdate(schedule=schedule)
 
     await client.get_schedule_handle(ALERTS_SCHEDULE_ID).update(reconcile)
+
+
+# -- the orphan sweep's schedule -----------------------------------------------------------------------------------
+
+
+def orphans_schedule(settings: Settings) -> Schedule:
+    """An ``OrphanSweepWorkflow`` every ``orphan_sweep_interval``, overlaps skipped, no backlog after an outage."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            OrphanSweepWorkflow.run,
+            OrphanSweepInput(min_age=settings.orphan_min_age, reply_timeout=settings.management_timeout,
+                             recovery_timeout=settings.recovery_timeout,
+                             probe_timeout=settings.gateway_heartbeat_timeout),
+            id=ORPHANS_SCHEDULE_ID,
+            task_queue=SHARED_TASK_QUEUE,
+            static_summary="Relay orphan sweep",
+        ),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=settings.orphan_sweep_interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=RETENTION_CATCHUP_WINDOW),
+    )
+
+
+async def ensure_orphans_schedule(client: Client, settings: Settings) -> None:
+    """Create the orphan sweep's schedule, or bring its action, spec and policy to the settings (an operator's
+    pause is left alone); with ``RELAY_ORPHAN_SWEEP_INTERVAL_SECS`` 0, delete it. Idempotent; the last worker
+    started wins."""
+    handle = client.get_schedule_handle(ORPHANS_SCHEDULE_ID)
+    if settings.orphan_sweep_interval <= timedelta(0):
+        try:
+            await handle.delete()
+            log.info("orphan sweep schedule %s deleted: RELAY_ORPHAN_SWEEP_INTERVAL_SECS is 0", ORPHANS_SCHEDULE_ID)
+        except RPCError:
+            pass  # none to delete
+        return
+    desired = orphans_schedule(settings)
+    try:
+        await client.create_schedule(ORPHANS_SCHEDULE_ID, desired)
+        log.info("orphan sweep schedule %s created: every %s", ORPHANS_SCHEDULE_ID, settings.orphan_sweep_interval)
+        return
+    except ScheduleAlreadyRunningError:
+        pass
+
+    async def reconcile(current: ScheduleUpdateInput) -> ScheduleUpdate:
+        schedule = current.description.schedule
+        schedule.action, schedule.spec, schedule.policy = desired.action, desired.spec, desired.policy
+        return ScheduleUpdate(schedule=schedule)
+
+    await handle.update(reconcile)

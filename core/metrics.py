@@ -94,6 +94,9 @@ MANAGEMENT_SECONDS = Histogram("relay_management_request_seconds", "Workflow man
 RETENTION_ROUNDS = Counter("relay_retention_rounds", "Retention rounds: succeeded and failed per attempt, "
                            "skipped.", ["org", "app", "outcome"], registry=REGISTRY)
 
+ORPHANS_FOUND = Counter("relay_orphans_found", "Executor ids with old PENDING workflows and no registry row, found "
+                        "by the orphan sweep (each found once per sweep).", ["org", "app"], registry=REGISTRY)
+
 EXECUTORS = "relay_executors"
 EXECUTORS_HELP = "Executors in the registry, by status: every status of every registered app, zero included."
 REFUSAL_REASONS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 429: "rate_limited",

@@ -120,6 +120,10 @@ class Settings(BaseSettings):
     alert_interval_secs: float = Field(default=60, gt=0)
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
+    # The orphan sweep (``workflows.orphans``): how often it looks for PENDING workflows of executor ids Relay has
+    # no record of (0: never; the schedule is removed), and how old their oldest PENDING workflow must be.
+    orphan_sweep_interval_secs: float = Field(default=600, ge=0)
+    orphan_min_age_secs: float = Field(default=3600, gt=0)
 
     @field_validator("data_dir")
     @classmethod
@@ -215,3 +219,11 @@ class Settings(BaseSettings):
     @property
     def alert_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.alert_interval_secs)
+
+    @property
+    def orphan_sweep_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.orphan_sweep_interval_secs)
+
+    @property
+    def orphan_min_age(self) -> timedelta:
+        return units.seconds_to_timedelta(self.orphan_min_age_secs)

@@ -324,6 +324,18 @@ class Store:
             rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue)).all()
         return {(r.org, r.app, r.executor_id): (r.status, r.connection_id or "") for r in rows}
 
+    def apps_with_healthy_executors(self) -> list[tuple[str, str]]:
+        """``(org, app)`` of every app with a HEALTHY executor in the registry (the orphan sweep asks one of them)."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor.org, Executor.app).where(Executor.status == ExecutorStatus.HEALTHY)
+                          .distinct().order_by(col(Executor.org), col(Executor.app))).all()
+        return [(org, app) for org, app in rows]
+
+    def registered_executor_ids(self) -> set[str]:
+        """Every executor id with a registry row, in any status, org and app (the orphan sweep leaves them alone)."""
+        with Session(self.engine) as s:
+            return set(s.exec(select(Executor.executor_id).distinct()).all())
+
     # -- audit ---------------------------------------------------------------------------------------------
 
     def write_audit(self, *, org: str, operation: str, app: str | None = None, executor_id: str | None = None,

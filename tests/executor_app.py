@@ -1,6 +1,7 @@
 """A real DBOS executor (dbos==3.2.0) for end-to-end tests, run as a subprocess.
 
-Environment: RELAY_URL, RELAY_KEY, APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that
+Environment: RELAY_URL, RELAY_KEY (RELAY_URL empty: no conductor at all; the executor id is then DBOS__VMID, or
+DBOS's "local"), APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that
 each step appends "<pid> <step>" to), STEP_SECONDS, EXECUTOR_METADATA (a JSON object sent in executor_info),
 METADATA_ONLY ("1": the conductor client's metadata-only mode), and START_WORKFLOW (a workflow id to start once
 the file START_WORKFLOW_WHEN exists).
@@ -25,14 +26,17 @@ from typing import Any
 
 from dbos import DBOS
 
+CONDUCTED = bool(os.environ["RELAY_URL"])
 DBOS(config={
     "name": os.environ["APP_NAME"],
     "system_database_url": f"sqlite:///{os.environ['SYS_DB']}",
     "application_version": os.environ.get("APP_VERSION", "v1"),
-    "conductor_url": os.environ["RELAY_URL"],
-    "conductor_key": os.environ["RELAY_KEY"],
-    "conductor_executor_metadata": json.loads(os.environ.get("EXECUTOR_METADATA") or "null"),
-    "conductor_metadata_only_mode": os.environ.get("METADATA_ONLY") == "1",
+    **({
+        "conductor_url": os.environ["RELAY_URL"],
+        "conductor_key": os.environ["RELAY_KEY"],
+        "conductor_executor_metadata": json.loads(os.environ.get("EXECUTOR_METADATA") or "null"),
+        "conductor_metadata_only_mode": os.environ.get("METADATA_ONLY") == "1",
+    } if CONDUCTED else {}),
 })
 
 STEPS = 20

@@ -18,6 +18,7 @@ import pytest
 from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
+from temporalio.common import TypedSearchAttributes
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
@@ -47,6 +48,7 @@ from workflows.contracts.lifecycle import (
     SelectCandidateInput,
     WriteAuditInput,
 )
+from workflows.contracts.orphans import OrphanInfo
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 ORG, APP, VERSION = "acme", "shop", "v-42"
@@ -277,6 +279,18 @@ class Relay:
             task_queue=task_queue or self.fakes.task_queue,
             start_signal=name,
             start_signal_args=[signal],
+        )
+        self.started = self.started or handle
+
+    async def start_orphan(self, info: OrphanInfo, *,
+                           search_attributes: TypedSearchAttributes | None = None) -> None:
+        """Start the workflow as the orphan sweep does (``activities.orphans``): no signal, ``orphan`` set."""
+        handle = await self.env.client.start_workflow(
+            ExecutorLifecycleWorkflow.run,
+            LifecycleInput(ORG, APP, self.executor_id, recovery_timeout=RECOVERY_TIMEOUT, orphan=info),
+            id=self.workflow_id,
+            task_queue=self.fakes.task_queue,
+            search_attributes=search_attributes or TypedSearchAttributes.empty,
         )
         self.started = self.started or handle
 

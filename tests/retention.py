@@ -33,9 +33,9 @@ def run_temporal(temporal: str, call: Callable[[Client], Awaitable[Any]]) -> Any
 
 
 async def schedule_exists(client: Client) -> bool:
-    """Whether the retention schedule is listed: listing reads the visibility store, which lags creation a little,
-    so callers poll."""
-    return [s.id async for s in await client.list_schedules()] == [RETENTION_SCHEDULE_ID]
+    """Whether the retention schedule is listed (once; the alerts and orphan sweeps have schedules of their own):
+    listing reads the visibility store, which lags creation a little, so callers poll."""
+    return [s.id async for s in await client.list_schedules()].count(RETENTION_SCHEDULE_ID) == 1
 
 
 def pause_schedule(temporal: str) -> None:

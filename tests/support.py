@@ -125,6 +125,9 @@ def relay_env(data_dir: Path, **overrides: str) -> dict[str, str]:
         # No alert round unless a test asks for one (tests/e2e/test_alerts.py): a round adds audit rows and may send
         # `alert` frames to the test's executors.
         "RELAY_ALERT_INTERVAL_SECS": "2592000",
+        # No orphan sweep unless a test asks for one (tests/e2e/test_orphans.py): one would recover the PENDING
+        # workflows a test leaves under executor ids it has stopped.
+        "RELAY_ORPHAN_SWEEP_INTERVAL_SECS": "0",
     })
     env.update(overrides)
     return env

@@ -26,7 +26,13 @@ from workflows.timing import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts.common import Candidate, ConnectedSignal, DisconnectedSignal, ExecutorStatus
+    from workflows.contracts.common import (
+        Candidate,
+        ConnectedSignal,
+        DisconnectedSignal,
+        ExecutorInfo,
+        ExecutorStatus,
+    )
     from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply, admit_recovery
     from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
     from workflows.contracts.lifecycle import (
@@ -51,6 +57,7 @@ with workflow.unsafe.imports_passed_through():
         select_candidate,
         write_audit,
     )
+    from workflows.contracts.orphans import OrphanInfo
 
 A = TypeVar("A")
 T = TypeVar("T")
@@ -151,6 +158,10 @@ class ExecutorLifecycleWorkflow:
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
         try:
+            if input.orphan is not None and input.state is None:
+                # Started by the orphan sweep (a first run only: a continued run carries its state). With
+                # ``orphan`` None nothing here runs, so existing histories replay unchanged.
+                await self._begin_orphan(input.orphan)
             while True:
                 await workflow.wait_condition(
                     lambda: self._needs_action() or self._should_continue_as_new() or self._removed is not None)
@@ -178,6 +189,44 @@ class ExecutorLifecycleWorkflow:
                         return result
         except _Removed:
             return await self._remove()
+
+    async def _begin_orphan(self, orphan: OrphanInfo) -> None:
+        """An executor id with old PENDING workflows and no registry row (``core.orphans``). It never had a socket
+        Relay knows of, so no gateway can be probed for it; instead it gets one grace, the app's
+        ``executorTimeoutSecs``, to connect, as any executor that went away does: a process that was in the
+        middle of its handshake when the sweep looked is connected well within it (the handshake has 10 s) and
+        is then simply recorded HEALTHY. Otherwise it is recorded DEAD (with its version, from the aggregates) and
+        the run loop recovers it like any DEAD executor: gate, peer, ``recovery``, confirmation, delete.
+        Its ``_still_gone`` checks find no gateway queue to ask, so they count it as gone; a ``connected``
+        signal that lands before a request goes out still calls the recovery off."""
+        i, state = self._input, self._state
+        state.orphan = True
+        state.app_version = orphan.app_version
+        grace = await self._app_grace()
+        await self._audit("executor.orphan.found", "success", {
+            "app_version": orphan.app_version, "pending": orphan.pending,
+            "oldest_created_at": orphan.oldest_created_at.isoformat() if orphan.oldest_created_at else None,
+            "other_versions": orphan.other_versions}, durations={"executorTimeoutSecs": grace})
+        self._describe(f"orphan: waiting {grace.total_seconds():g} s for it to connect before recovering it")
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(
+                lambda: state.connection is not None or state.unrecorded is not None or self._removed is not None,
+                timeout=grace, timeout_summary=f"orphan grace {grace.total_seconds():g} s")
+        self._check_removed()
+        if state.connection is not None or state.unrecorded is not None:
+            return  # alive after all: the run loop records it HEALTHY
+        # Deleting the app signals only executors with a registry row, which an orphan does not have yet: look.
+        await self._app_grace()
+        await self._record(ExecutorStatus.DEAD, "executor.dead", details={"reason": "orphan"},
+                           info=ExecutorInfo(i.executor_id, application_version=orphan.app_version))
+
+    async def _app_grace(self) -> timedelta:
+        """The app's grace; ends the run (``_Removed``) when the app no longer exists."""
+        grace = await self._db(get_executor_timeout, GetExecutorTimeoutInput(self._input.org, self._input.app))
+        if grace is None:
+            self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
+            raise _Removed()
+        return grace
 
     def _unrecorded(self, conn: ConnectedSignal) -> bool:
         return self._state.status != ExecutorStatus.HEALTHY or conn.connection_id != self._state.recorded_connection_id
@@ -237,6 +286,7 @@ class ExecutorLifecycleWorkflow:
                      "source_ip": conn.source_ip},
         )
         state.recorded_connection_id = conn.connection_id
+        state.orphan = False  # seen alive: from now on an executor like any other
         state.app_version = conn.info.application_version
         state.gateway_queue = conn.gateway_queue
         state.grace_deadline = None
@@ -478,13 +528,16 @@ class ExecutorLifecycleWorkflow:
         return self._state.app_version
 
     async def _record(self, status: ExecutorStatus, operation: str, *, conn: ConnectedSignal | None = None,
-                      details: dict[str, object], durations: dict[str, timedelta] | None = None) -> None:
+                      details: dict[str, object], durations: dict[str, timedelta] | None = None,
+                      info: ExecutorInfo | None = None) -> None:
         i = self._input
+        if self._state.orphan:
+            details = {**details, "orphan": True}
         await self._db(
             record_status,
             RecordStatusInput(
                 i.org, i.app, i.executor_id, status, operation, event_key=self._event_key(operation),
-                info=conn.info if conn else None,
+                info=conn.info if conn else info,
                 connection_id=conn.connection_id if conn else None,
                 gateway_queue=conn.gateway_queue if conn else None,
                 details=dict(details),
@@ -504,6 +557,8 @@ class ExecutorLifecycleWorkflow:
     async def _audit(self, operation: str, status: str, details: dict[str, object], *,
                      durations: dict[str, timedelta] | None = None) -> None:
         i = self._input
+        if self._state.orphan:
+            details = {**details, "orphan": True}
         await self._db(
             write_audit,
             WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation), status,

@@ -47,6 +47,7 @@ from workflows.contracts.lifecycle import (
     PeerAvailableSignal,
     RecoveryReply,
 )
+from workflows.contracts.orphans import OrphanInfo
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import BLOCKED_RECHECK, ExecutorLifecycleWorkflow
 
@@ -409,6 +410,15 @@ async def gateway_watch(env: WorkflowEnvironment, name: str) -> tuple[str, str]:
     return workflow_id, handle.result_run_id
 
 
+async def orphan_recovered(lc: Lifecycle) -> None:
+    """Started by the orphan sweep: one grace for it to connect, DEAD, dispatch, confirm, delete."""
+    await lc.relay.start_orphan(OrphanInfo(VERSION, pending=2), search_attributes=_search_attributes(
+        lc.relay.executor_id))
+    expect(await lc.relay.result(), "RECOVERED", attempts=1, by="peer-a")
+    check("executor.orphan.found" in lc.fakes.audits(), f"audits {lc.fakes.audits()}")
+    check(lc.fakes.statuses() == [DEAD], f"statuses {lc.fakes.statuses()}")
+
+
 # -- the list ------------------------------------------------------------------------------------------------------
 
 
@@ -444,4 +454,5 @@ SCENARIOS = [
     Scenario("fenced-before-dead", fenced_before_dead),
     Scenario("grace-extended", grace_extended),
     Scenario("gateway-watch", None, runs=3),
+    Scenario("orphan-recovered", orphan_recovered),
 ]

@@ -15,15 +15,16 @@ from temporalio import activity
 
 from activities.alerts import AlertActivities
 from activities.gate import GateActivities
+from activities.orphans import OrphanActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
 from core.models import make_engine
 from core.store import Store
 from gateway.activities import HubActivities
 from gateway.hub import Hub
-from workflows.contracts import alerts, common, gate, gateway_watch, lifecycle, management, retention
+from workflows.contracts import alerts, common, gate, gateway_watch, lifecycle, management, orphans, retention
 
-CONTRACTS: list[ModuleType] = [common, lifecycle, retention, gateway_watch, management, gate, alerts]
+CONTRACTS: list[ModuleType] = [common, lifecycle, retention, gateway_watch, management, gate, alerts, orphans]
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -47,7 +48,8 @@ def implementations() -> Iterator[dict[str, Callable[..., Any]]]:
     """What the worker and the gateways register: the bound methods their ``all()`` lists."""
     store = Store(make_engine("sqlite://"))
     registered = [*RegistryActivities(store).all(), *RetentionActivities(store).all(), *HubActivities(Hub()).all(),
-                  *GateActivities(store).all(), *AlertActivities(store).all()]
+                  *GateActivities(store).all(), *AlertActivities(store).all(),
+                  *OrphanActivities(store).all()]
     yield {_name(fn): fn for fn in registered}
     store.engine.dispose()
 

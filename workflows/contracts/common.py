@@ -55,6 +55,11 @@ class Activity:
     WRITE_ALERT_AUDIT = "write_alert_audit"
     ADVANCE_ALERT_WATERMARK = "advance_alert_watermark"
     SEND_ALERT_WEBHOOK = "send_alert_webhook"
+    # The orphan sweep: database activities and starting lifecycle workflows, on the shared queue (the aggregates
+    # request to an executor goes through its gateway's ``executor_request``).
+    LIST_ORPHAN_TARGETS = "list_orphan_targets"
+    FIND_ORPHANS = "find_orphans"
+    START_ORPHAN_RECOVERY = "start_orphan_recovery"
     # Workflow management: an operator's request to an executor held by another gateway process, run as a local
     # activity of a ``ManagementRequestWorkflow`` on that process's own queue.
     EXECUTOR_REQUEST = "executor_request"

@@ -18,6 +18,7 @@ from workflows.contracts.common import (
     ExecutorInfo,
     ExecutorStatus,
 )
+from workflows.contracts.orphans import OrphanInfo
 
 # The workflow's status before it has recorded the executor once: never written to the registry, never shown by
 # the REST API, so it is not an ``ExecutorStatus``. Carried state of that age says "NEW", so it stays a string.
@@ -68,6 +69,8 @@ class LifecycleState:
     # The current death's key at the recovery gate (``admit_recovery``): carried across continue-as-new, so a run
     # that continues mid-recovery keeps its place; a new death gets a new key.
     gate_ticket: str = ""
+    # Started by the orphan sweep and not seen alive since: its audit rows say ``"orphan": true``.
+    orphan: bool = False
 
 
 @dataclass
@@ -80,6 +83,9 @@ class LifecycleInput:
     recovery_timeout: timedelta = timedelta(seconds=60)
     # How long a gateway has to pick up the fence's probe before it counts as gone (RELAY_GATEWAY_HEARTBEAT_...).
     probe_timeout: timedelta = timedelta(seconds=10)
+    # Set by the orphan sweep (``workflows.orphans``) for an executor id with old PENDING workflows and no registry
+    # row: the run begins by waiting one grace for it to connect, then declares it DEAD and recovers it.
+    orphan: OrphanInfo | None = None
 
 
 @dataclass

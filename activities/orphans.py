@@ -1,0 +1,88 @@
+"""Activities of the orphan sweep (``workflows.orphans``), run by the worker on the shared task queue: the apps to
+sweep, the decision (``core.orphans``) with its audit row, and starting an orphan's lifecycle workflow.
+
+``orphans.found`` is audited (and ``relay_orphans_found_total{org,app}`` counted) once per app per sweep that
+finds any, where its row is written. An orphan's lifecycle workflow is started as a gateway starts one (same id,
+shared queue, Relay's search attributes), but without a signal: ``LifecycleInput.orphan`` tells it what it is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import activity
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.exceptions import WorkflowAlreadyStartedError
+
+from core import metrics, orphans
+from core.store import Store
+from workflows.contracts.common import SHARED_TASK_QUEUE, Activity, lifecycle_workflow_id
+from workflows.contracts.lifecycle import LifecycleInput
+from workflows.contracts.orphans import (
+    FindOrphansInput,
+    ListOrphanTargetsInput,
+    Orphan,
+    OrphanTarget,
+    StartOrphanRecoveryInput,
+)
+
+# The gateway's search attributes for a lifecycle workflow (``gateway.runtime``; activities may not import the
+# gateway): with them the workflow keeps ``RelayExecutorStatus`` up to date, and operators find it.
+RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
+RELAY_APP = SearchAttributeKey.for_keyword("RelayApp")
+RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
+RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
+# The lifecycle workflow's type, by name: the worker registers it (activities may not import workflow code).
+LIFECYCLE_WORKFLOW = "ExecutorLifecycleWorkflow"
+
+
+class OrphanActivities:
+    """Bound to one ``Store``; registered with the worker as bound methods."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+
+    @activity.defn(name=Activity.LIST_ORPHAN_TARGETS)
+    async def list_orphan_targets(self, input: ListOrphanTargetsInput) -> list[OrphanTarget]:
+        apps = await asyncio.to_thread(self._store.apps_with_healthy_executors)
+        body = orphans.aggregates_body(input.now, input.min_age)
+        return [OrphanTarget(org, app, dict(body)) for org, app in apps]
+
+    @activity.defn(name=Activity.FIND_ORPHANS)
+    async def find_orphans(self, input: FindOrphansInput) -> list[Orphan]:
+        # Read after the executor answered: an executor that registered meanwhile is left alone.
+        registered = await asyncio.to_thread(self._store.registered_executor_ids)
+        found = orphans.find_orphans(input.reply, registered=registered, now=input.now, min_age=input.min_age)
+        if found:
+            written = await asyncio.to_thread(
+                self._store.write_audit, org=input.org, app=input.app, operation="orphans.found",
+                status="failure", details=orphans.audit_details(found, asked=input.asked, min_age=input.min_age),
+                event_key=input.event_key)
+            if written:
+                metrics.ORPHANS_FOUND.labels(input.org, input.app).inc(len(found))
+        return found
+
+    @activity.defn(name=Activity.START_ORPHAN_RECOVERY)
+    async def start_orphan_recovery(self, input: StartOrphanRecoveryInput) -> bool:
+        org, app, executor_id = input.org, input.app, input.executor_id
+        try:
+            await activity.client().start_workflow(
+                LIFECYCLE_WORKFLOW,
+                LifecycleInput(org, app, executor_id, recovery_timeout=input.recovery_timeout,
+                               probe_timeout=input.probe_timeout, orphan=input.info),
+                id=lifecycle_workflow_id(org, app, executor_id),
+                task_queue=SHARED_TASK_QUEUE,
+                search_attributes=TypedSearchAttributes([
+                    SearchAttributePair(RELAY_ORG, org), SearchAttributePair(RELAY_APP, app),
+                    SearchAttributePair(RELAY_EXECUTOR_ID, executor_id),
+                    SearchAttributePair(RELAY_APP_VERSION, input.info.app_version)]),
+                static_summary=f"orphaned DBOS executor {executor_id} of {org}/{app}",
+            )
+        except WorkflowAlreadyStartedError:
+            return False  # its lifecycle runs (it connected meanwhile, or a recovery is under way): left to it
+        return True
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.list_orphan_targets, self.find_orphans, self.start_orphan_recovery]
