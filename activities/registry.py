@@ -215,6 +215,9 @@ def _report_status(input: RecordStatusInput) -> None:
         log.info("executor %s of %s/%s %s (version %r)", executor_id, org, app,
                  _CONNECTED.get(input.operation, "is HEALTHY"), version, extra=extra)
     elif status == ExecutorStatus.DISCONNECTED:
+        delay = _seconds_since(input.disconnected_at)
+        if delay is not None:
+            metrics.SIGNAL_DELAY.observe(max(delay, 0.0))
         grace = input.durations.get("executorTimeoutSecs")
         log.info("executor %s of %s/%s disconnected; DEAD unless it reconnects within %s", executor_id, org, app,
                  f"{grace.total_seconds():g} s" if grace is not None else "its grace", extra=extra)

@@ -29,6 +29,8 @@ from datetime import datetime, timedelta
 
 # A paced recovery is let through no sooner than this share of the pace after the last one let through.
 SPACING = 0.75
+# How far apart the clocks of two lifecycle workflows asking the gate may be (each is its workflow task's start).
+CLOCK_SKEW = timedelta(seconds=1)
 PAUSED = "paused"
 PACED = "paced"
 # Statuses that count as gone down in the registry (the plain strings of ExecutorStatus).
@@ -163,9 +165,13 @@ def _spaced(ticket: Ticket, breaker: Breaker) -> bool:
 
 
 def _slot(now: datetime, breaker: Breaker, *, paced: bool, policy: GatePolicy) -> datetime:
-    """The ticket's slot: now, or (paced, or a paced backlog still being handed out) ``pace`` after the last."""
+    """The ticket's slot: now, or (paced, or a paced backlog still being handed out) ``pace`` after the last.
+
+    A backlog is a last slot further ahead than the workflows' clocks can differ (``CLOCK_SKEW``): each asks with
+    its own workflow-task time, so an unpaced slot given a moment ago may lie a little ahead of the next asker's
+    ``now`` without anything being queued."""
     last = breaker.last_slot_at
-    backlog = last is not None and last > now
+    backlog = last is not None and last > now + min(CLOCK_SKEW, policy.pace / 2)
     slot = max(now, last + policy.pace) if last is not None and (paced or backlog) else now
     breaker.last_slot_at = max(last, slot) if last is not None else slot
     return slot

@@ -8,8 +8,9 @@ counter or histogram is observed where its event happens, in the process where i
   recovery attempt, ``blocked`` once per stretch without a peer of the right version),
   ``relay_recovery_duration_seconds{org,app}`` (DEAD recorded to recovery confirmed),
   ``relay_dead_lateness_seconds`` (DEAD recorded minus the end of the grace: the disconnect's record plus the
-  app's grace, or the later end of an extended grace), ``relay_signal_delay_seconds`` (handshake done on the
-  gateway to HEALTHY in the registry: two processes' wall clocks, so on two hosts their skew counts too),
+  app's grace, or the later end of an extended grace), ``relay_signal_delay_seconds`` (a handshake done or
+  a socket closed on the gateway to HEALTHY or DISCONNECTED in the registry: two processes' wall clocks, so on two
+  hosts their skew counts too),
   ``relay_executor_transitions_total{org,app,status}``, ``relay_retention_rounds_total{org,app,outcome}``
   (``succeeded`` and ``failed`` per attempt, ``skipped``);
 - the gateway (``gateway``): ``relay_handshake_seconds`` (upgrade request to ``executor_info`` reply),
@@ -77,8 +78,9 @@ RECOVERY_DURATION = Histogram("relay_recovery_duration_seconds", "From DEAD reco
 DEAD_LATENESS = Histogram("relay_dead_lateness_seconds", "DEAD recorded minus the end of the grace "
                           "(DISCONNECTED recorded + the app's executorTimeoutSecs, or an extended grace's end).",
                           buckets=_FAST, registry=REGISTRY)
-SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From an executor's handshake done on its gateway to "
-                         "HEALTHY written in the registry.", buckets=_FAST, registry=REGISTRY)
+SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From a socket event on an executor's gateway (handshake "
+                         "done, socket closed) to its status (HEALTHY, DISCONNECTED) written in the registry.",
+                         buckets=_FAST, registry=REGISTRY)
 TRANSITIONS = Counter("relay_executor_transitions", "Executor statuses written to the registry.",
                       ["org", "app", "status"], registry=REGISTRY)
 HANDSHAKE = Histogram("relay_handshake_seconds", "From an executor's upgrade request to its executor_info reply.",

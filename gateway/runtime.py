@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -192,7 +192,7 @@ class Gateway:
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""
-        signal = DisconnectedSignal(connection_id=connection_id, signal_id=str(uuid.uuid4()))
+        signal = DisconnectedSignal(connection_id=connection_id, signal_id=str(uuid.uuid4()), at=datetime.now(UTC))
 
         async def send() -> None:
             handle = self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))

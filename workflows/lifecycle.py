@@ -128,6 +128,7 @@ class ExecutorLifecycleWorkflow:
         if current.connection_id != self._state.recorded_connection_id:
             self._state.unrecorded = current
         self._state.connection = None
+        self._state.disconnected_at = signal.at
 
     @workflow.signal
     def peer_available(self, signal: PeerAvailableSignal) -> None:
@@ -544,6 +545,7 @@ class ExecutorLifecycleWorkflow:
                 durations=dict(durations or {}),
                 connected_at=conn.at if conn else None,
                 grace_deadline=self._state.grace_deadline if status == ExecutorStatus.DEAD else None,
+                disconnected_at=self._state.disconnected_at if status == ExecutorStatus.DISCONNECTED else None,
             ),
         )
         self._state.status = status

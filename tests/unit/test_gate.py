@@ -60,6 +60,16 @@ def test_a_lone_death_goes_at_once() -> None:
     assert g.ask("e0", T0 + S).go  # asking again about the same death: still let through
 
 
+def test_deaths_below_the_storm_go_at_once_whatever_order_their_clocks_come_in() -> None:
+    """Each workflow asks with its own clock (its workflow task's start), so a later question may carry an earlier
+    time: without a storm or a pause, that is no paced backlog to queue behind."""
+    g = Gate(healthy=10)
+    for n in range(2):
+        g.dies(f"e{n}", T0)
+    assert g.ask("e0", T0 + timedelta(milliseconds=300)).go
+    assert g.ask("e1", T0 + timedelta(milliseconds=100)).go
+
+
 def test_a_pause_holds_until_its_end_rechecking_and_then_paces_the_backlog() -> None:
     g = Gate(healthy=10)
     g.pause_until = T0 + timedelta(minutes=5)

@@ -100,7 +100,7 @@ async def _lifecycle_events(store: Store, env: ActivityEnvironment, executor_id:
         connected_at=now - timedelta(milliseconds=30)))
     await env.run(activities.record_status, RecordStatusInput(
         ORG, APP, executor_id, ExecutorStatus.DISCONNECTED, "executor.disconnected", event_key=f"{executor_id}/2",
-        durations={"executorTimeoutSecs": timedelta(seconds=3)}))
+        durations={"executorTimeoutSecs": timedelta(seconds=3)}, disconnected_at=now - timedelta(milliseconds=40)))
     await env.run(activities.record_status, RecordStatusInput(
         ORG, APP, executor_id, status=ExecutorStatus.DEAD, operation="executor.dead", event_key=f"{executor_id}/3",
         grace_deadline=now - timedelta(milliseconds=200)))
@@ -123,14 +123,16 @@ async def test_recovery_and_lifecycle_metrics_are_observed_where_the_rows_are_wr
               for outcome in ("succeeded", "failed", "blocked")}
     durations = _value("relay_recovery_duration_seconds_count", org=ORG, app=APP)
     lateness, delay = _value("relay_dead_lateness_seconds_count"), _value("relay_signal_delay_seconds_count")
-    lateness_sum = _value("relay_dead_lateness_seconds_sum")
+    lateness_sum, delay_sum = _value("relay_dead_lateness_seconds_sum"), _value("relay_signal_delay_seconds_sum")
     await _lifecycle_events(store, ActivityEnvironment(), "ex-1")
     assert {outcome: _value("relay_recoveries_total", org=ORG, app=APP, outcome=outcome) - n
             for outcome, n in before.items()} == {"succeeded": 1, "failed": 1, "blocked": 1}
     assert _value("relay_recovery_duration_seconds_count", org=ORG, app=APP) == durations + 1
     assert _value("relay_dead_lateness_seconds_count") == lateness + 1
     assert 0.2 <= _value("relay_dead_lateness_seconds_sum") - lateness_sum < 5
-    assert _value("relay_signal_delay_seconds_count") == delay + 1
+    # Both socket events: the handshake (HEALTHY) and the close (DISCONNECTED), each 30-40 ms before its write.
+    assert _value("relay_signal_delay_seconds_count") == delay + 2
+    assert 0.07 <= _value("relay_signal_delay_seconds_sum") - delay_sum < 5
 
 
 async def test_a_retried_activity_counts_its_row_once(store: Store) -> None:

@@ -118,6 +118,9 @@ class DisconnectedSignal:
     connection_id: str
     signal_id: str
     reason: str = "closed"
+    # When the gateway saw the socket close (for the signal-delay metric); None when no gateway saw it (a gateway
+    # found gone, whose executors are disconnected on its behalf).
+    at: datetime | None = None
 
 
 @dataclass

@@ -71,6 +71,8 @@ class LifecycleState:
     gate_ticket: str = ""
     # Started by the orphan sweep and not seen alive since: its audit rows say ``"orphan": true``.
     orphan: bool = False
+    # When the gateway saw the current connection close (``DisconnectedSignal.at``): for the signal-delay metric.
+    disconnected_at: datetime | None = None
 
 
 @dataclass
@@ -113,9 +115,11 @@ class RecordStatusInput:
     # unit its name states, so no workflow converts a duration to a number.
     durations: dict[str, timedelta] = field(default_factory=dict)
     # For metrics only (``core.metrics``), None in inputs from before they were sent: a HEALTHY write's handshake
-    # time on the gateway (``ConnectedSignal.at``), and a DEAD write's end of the grace.
+    # time on the gateway (``ConnectedSignal.at``), a DISCONNECTED write's socket close there
+    # (``DisconnectedSignal.at``), and a DEAD write's end of the grace.
     connected_at: datetime | None = None
     grace_deadline: datetime | None = None
+    disconnected_at: datetime | None = None
 
 
 @dataclass
