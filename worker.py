@@ -174,12 +174,17 @@ def alerts_schedule(settings: Settings) -> Schedule:
 
 
 async def ensure_alerts_schedule(client: Client, settings: Settings) -> None:
-    """Create the alerts schedule, or bring its action, spec and policy to the settings (its state, such as an
-    operator's pause, is left alone). Idempotent; the last worker started wins."""
-    desired = alerts_schedule(settings)
+    """Create the alerts schedule, or bring it to the settings (``_ensure_schedule``)."""
+    await _ensure_schedule(client, ALERTS_SCHEDULE_ID, alerts_schedule(settings),
+                           f"alerts schedule: every {settings.alert_interval}")
+
+
+async def _ensure_schedule(client: Client, schedule_id: str, desired: Schedule, what: str) -> None:
+    """Create the schedule, or bring its action, spec and policy to ``desired`` (its state, such as an operator's
+    pause, is left alone). Idempotent; the last worker started wins."""
     try:
-        await client.create_schedule(ALERTS_SCHEDULE_ID, desired)
-        log.info("alerts schedule %s created: every %s", ALERTS_SCHEDULE_ID, settings.alert_interval)
+        await client.create_schedule(schedule_id, desired)
+        log.info("%s created (%s)", schedule_id, what)
         return
     except ScheduleAlreadyRunningError:
         pass
@@ -189,7 +194,7 @@ async def ensure_alerts_schedule(client: Client, settings: Settings) -> None:
         schedule.action, schedule.spec, schedule.policy = desired.action, desired.spec, desired.policy
         return ScheduleUpdate(schedule=schedule)
 
-    await client.get_schedule_handle(ALERTS_SCHEDULE_ID).update(reconcile)
+    await client.get_schedule_handle(schedule_id).update(reconcile)
 
 
 # -- the orphan sweep's schedule -----------------------------------------------------------------------------------
@@ -224,17 +229,5 @@ async def ensure_orphans_schedule(client: Client, settings: Settings) -> None:
         except RPCError:
             pass  # none to delete
         return
-    desired = orphans_schedule(settings)
-    try:
-        await client.create_schedule(ORPHANS_SCHEDULE_ID, desired)
-        log.info("orphan sweep schedule %s created: every %s", ORPHANS_SCHEDULE_ID, settings.orphan_sweep_interval)
-        return
-    except ScheduleAlreadyRunningError:
-        pass
-
-    async def reconcile(current: ScheduleUpdateInput) -> ScheduleUpdate:
-        schedule = current.description.schedule
-        schedule.action, schedule.spec, schedule.policy = desired.action, desired.spec, desired.policy
-        return ScheduleUpdate(schedule=schedule)
-
-    await handle.update(reconcile)
+    await _ensure_schedule(client, ORPHANS_SCHEDULE_ID, orphans_schedule(settings),
+                           f"orphan sweep: every {settings.orphan_sweep_interval}")

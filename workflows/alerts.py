@@ -24,7 +24,6 @@ the same way to the app itself; then the audit watermark moves to where the roun
 from __future__ import annotations
 
 import asyncio
-import json
 from datetime import timedelta
 from typing import Any
 
@@ -32,8 +31,8 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
-from workflows import timing
-from workflows.timing import BACKOFF_INITIAL, DB_ACTIVITY_TIMEOUT, SOCKET_SCHEDULE_TO_START
+from workflows.executor_requests import ask_executor
+from workflows.timing import BACKOFF_INITIAL, DB_ACTIVITY_TIMEOUT
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.alerts import (
@@ -54,9 +53,6 @@ with workflow.unsafe.imports_passed_through():
         send_alert_webhook,
         write_alert_audit,
     )
-    from workflows.contracts.common import Candidate
-    from workflows.contracts.management import ExecutorRequestInput, executor_request, unpack
-    from workflows.contracts.retention import SelectRetentionExecutorInput, select_retention_executor
 
 WEBHOOK_TIMEOUT = timedelta(seconds=15)
 WEBHOOK_MAX_BACKOFF = timedelta(seconds=30)
@@ -153,43 +149,8 @@ class AlertsWorkflow:
 
     async def _ask(self, org: str, app: str, kind: str, fields: dict[str, Any], *, attempts: int = QUERY_ATTEMPTS,
                    tried: list[str] | None = None) -> dict[str, Any] | str:
-        """A request to one HEALTHY executor of the app, another after a failure (with backoff): the reply's
-        body, or why there is none."""
-        tried = [] if tried is None else tried
-        backoff = BACKOFF_INITIAL
-        failure = f"no HEALTHY executor of app {app!r}"
-        for attempt in range(attempts):
-            candidate = await workflow.execute_activity(
-                select_retention_executor, SelectRetentionExecutorInput(org, app, exclude=list(tried)),
-                start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
-            if candidate is None:
-                return failure if not tried else f"{failure} (tried {', '.join(tried)})"
-            tried.append(candidate.executor_id)
-            reply = await self._request(org, app, candidate, kind, fields)
-            if isinstance(reply, dict):
-                # An answer, ``error_message`` included: another executor of the same app would say the same.
-                return reply
-            failure = reply
-            if attempt + 1 < attempts:
-                backoff = await timing.backoff(backoff, "before the next executor")
-        return failure
-
-    async def _request(self, org: str, app: str, candidate: Candidate, kind: str,
-                       fields: dict[str, Any]) -> dict[str, Any] | str:
-        request_id = str(workflow.uuid4())
-        frame = json.dumps({"type": kind, "request_id": request_id, **fields})
-        timeout = self._input.reply_timeout
-        try:
-            reply = await workflow.execute_activity(
-                executor_request, ExecutorRequestInput(org, app, candidate.executor_id, request_id, frame, timeout),
-                task_queue=candidate.gateway_queue, schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
-                start_to_close_timeout=timeout + timedelta(seconds=5), retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=f"{kind} via {candidate.executor_id}")
-        except ActivityError as err:
-            return f"{candidate.executor_id}: {err.cause or err}"
-        if reply.failure is not None:
-            return f"{candidate.executor_id}: {reply.failure.value} {reply.detail}".strip()
-        return unpack(reply.reply_z)
+        return await ask_executor(org, app, kind, fields, reply_timeout=self._input.reply_timeout, attempts=attempts,
+                                  tried=tried)
 
     async def _audit(self, operation: str, alert: Alert, channel: str | None, outcome: str, *,
                      status: str = "success", executor_id: str | None = None) -> None:

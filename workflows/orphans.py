@@ -23,20 +23,14 @@ before each request, the confirmation) is the lifecycle workflow's.
 from __future__ import annotations
 
 import asyncio
-import json
-from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError
 
-from workflows import timing
-from workflows.timing import BACKOFF_INITIAL, DB_ACTIVITY_TIMEOUT, SOCKET_SCHEDULE_TO_START
+from workflows.executor_requests import ask_executor
+from workflows.timing import DB_ACTIVITY_TIMEOUT
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts.common import Candidate
-    from workflows.contracts.management import ExecutorRequestInput, executor_request, unpack
     from workflows.contracts.orphans import (
         FindOrphansInput,
         ListOrphanTargetsInput,
@@ -48,7 +42,6 @@ with workflow.unsafe.imports_passed_through():
         list_orphan_targets,
         start_orphan_recovery,
     )
-    from workflows.contracts.retention import SelectRetentionExecutorInput, select_retention_executor
 
 QUERY_ATTEMPTS = 2  # executors asked for one app's aggregates
 
@@ -92,36 +85,5 @@ class OrphanSweepWorkflow:
 
     async def _ask(self, target: OrphanTarget, tried: list[str]) -> dict[str, Any] | str:
         """The aggregates from one HEALTHY executor of the app, another after a failure: its reply, or why none."""
-        backoff = BACKOFF_INITIAL
-        failure = f"no HEALTHY executor of app {target.app!r}"
-        for attempt in range(QUERY_ATTEMPTS):
-            candidate = await workflow.execute_activity(
-                select_retention_executor, SelectRetentionExecutorInput(target.org, target.app, exclude=list(tried)),
-                start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
-            if candidate is None:
-                return failure
-            tried.append(candidate.executor_id)
-            reply = await self._request(target, candidate)
-            if isinstance(reply, dict):
-                return reply
-            failure = reply
-            if attempt + 1 < QUERY_ATTEMPTS:
-                backoff = await timing.backoff(backoff, "before the next executor")
-        return failure
-
-    async def _request(self, target: OrphanTarget, candidate: Candidate) -> dict[str, Any] | str:
-        request_id = str(workflow.uuid4())
-        frame = json.dumps({"type": "get_workflow_aggregates", "request_id": request_id, "body": target.query})
-        timeout = self._input.reply_timeout
-        try:
-            reply = await workflow.execute_activity(
-                executor_request,
-                ExecutorRequestInput(target.org, target.app, candidate.executor_id, request_id, frame, timeout),
-                task_queue=candidate.gateway_queue, schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
-                start_to_close_timeout=timeout + timedelta(seconds=5), retry_policy=RetryPolicy(maximum_attempts=1),
-                summary=f"get_workflow_aggregates via {candidate.executor_id}")
-        except ActivityError as err:
-            return f"{candidate.executor_id}: {err.cause or err}"
-        if reply.failure is not None:
-            return f"{candidate.executor_id}: {reply.failure.value} {reply.detail}".strip()
-        return unpack(reply.reply_z)
+        return await ask_executor(target.org, target.app, "get_workflow_aggregates", {"body": target.query},
+                                  reply_timeout=self._input.reply_timeout, attempts=QUERY_ATTEMPTS, tried=tried)
