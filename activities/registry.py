@@ -21,7 +21,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
-from core import metrics, units
+from core import gateways, metrics, units
 from core.errors import NotFoundError
 from core.store import Store, outage, unavailable
 from workflows.contracts.common import (
@@ -31,7 +31,12 @@ from workflows.contracts.common import (
     ExecutorStatus,
     lifecycle_workflow_id,
 )
-from workflows.contracts.gateway_watch import DisconnectGatewayInput, DisconnectGatewayResult
+from workflows.contracts.gateway_watch import (
+    DisconnectGatewayInput,
+    DisconnectGatewayResult,
+    GatewayGoneInput,
+    GatewayGoneReply,
+)
 from workflows.contracts.lifecycle import (
     DeleteExecutorInput,
     GetExecutorTimeoutInput,
@@ -162,11 +167,15 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
     async def disconnect_gateway_executors(self, input: DisconnectGatewayInput) -> DisconnectGatewayResult:
-        """Signal ``disconnected`` for every executor the registry places on a gateway that is gone.
+        """Record the gateway as gone (``core.gateways``: the fence will not wait on it again), then signal
+        ``disconnected`` for every executor the registry places on it.
 
         Each signal carries the connection id the registry recorded: if the executor reconnected elsewhere
         meanwhile, its workflow holds a newer connection and ignores this one as stale.
         """
+        if await self._call(self._store.gateways.mark_gone, input.gateway_queue, gateways.WATCH):
+            log.warning("gateway %s is gone (%s); disconnecting the executors it held", input.gateway_queue,
+                        input.reason)
         held = await self._call(self._store.executors_on_gateway, input.gateway_queue)
         client = activity.client()
         for org, app, executor_id, connection_id in held:
@@ -180,9 +189,14 @@ class RegistryActivities:
                     raise
         return DisconnectGatewayResult(signalled=len(held))
 
+    @activity.defn(name=Activity.GATEWAY_GONE)
+    async def gateway_gone(self, input: GatewayGoneInput) -> GatewayGoneReply:
+        reason = await self._call(self._store.gateways.gone_reason, input.gateway_queue)
+        return GatewayGoneReply(gone=reason is not None, reason=reason or "")
+
     def all(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.disconnect_gateway_executors]
+                self.delete_executor, self.disconnect_gateway_executors, self.gateway_gone]
 
 
 # -- reporting lifecycle events: a console line each, and metrics -------------------------------------------------

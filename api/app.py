@@ -42,7 +42,9 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
         gateway = Gateway(settings=settings, store=store, client=client)
         app.state.store = store
         app.state.gateway = gateway
-        async with (gateway.worker(), revocation.watch(store=store, hub=gateway.hub, admission=gateway.admission),
+        # Registered first, so it is recorded retired last: after its sockets are closed and its worker stopped.
+        async with (gateway.registered(), gateway.worker(),
+                    revocation.watch(store=store, hub=gateway.hub, admission=gateway.admission),
                     gateway.contact().running(), gateway.watched()):
             log.info("gateway ready; socket-bound activities on task queue %s", gateway.task_queue)
             yield

@@ -186,6 +186,22 @@ class RecoveryTicket(SQLModel, table=True):
     candidate_id: str | None = None
 
 
+class GatewayProcess(SQLModel, table=True):
+    """One gateway process (an incarnation), by its own task queue, and whether it is known gone.
+
+    ``identity`` is the stable name the process runs under (``RELAY_GATEWAY_ID``): a process restarted under the
+    same identity makes its predecessors gone. ``gone_at`` is set when the process is known gone — its watch found
+    it gone, it retired (SIGTERM), or a successor started — and cleared only by the process itself, back in contact
+    with Temporal and before it accepts a socket again (``core.gateways``). The fence never probes a gateway known
+    gone: it holds no socket, and probing it would only wait out the probe's timeout."""
+
+    queue: str = Field(primary_key=True)
+    identity: str = Field(index=True)
+    started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+    gone_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    gone_reason: str = ""
+
+
 PG_CONNECT_TIMEOUT_S = 5
 
 

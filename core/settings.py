@@ -5,6 +5,8 @@ Durations enter as seconds (the unit the variable names say) and become ``timede
 
 from __future__ import annotations
 
+import socket
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -86,6 +88,12 @@ class Settings(BaseSettings):
     # each RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS; and shorter than a probe's timeout alone, the heartbeat timeout
     # (a probe picked up by a gateway that then loses contact counts as gone that long later). Unset: 80 % of it.
     gateway_fence_secs: float | None = Field(default=None, gt=0)
+    # The gateway's stable identity: a gateway started under the identity of one that crashed makes that one known
+    # gone at once (``core.gateways``), so nothing waits on a probe of it. Unset: this host's name, RELAY_PORT and
+    # the data dir (two gateways on one host may share a data dir, never a port). Set it per replica where the host
+    # name changes across restarts (a Kubernetes StatefulSet's pod name is stable); two live gateways must never
+    # share one.
+    gateway_id: str | None = Field(default=None, min_length=1, max_length=200)
     # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
     # socket, and no compression oracle on a stream that carries keys in its URL).
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
@@ -137,6 +145,13 @@ class Settings(BaseSettings):
     @property
     def db_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir / 'relay.db'}"
+
+    @property
+    def gateway_identity(self) -> str:
+        if self.gateway_id:
+            return self.gateway_id
+        # Port 0 (a port picked at start): nothing ties a restart to its predecessor, so no successor is named.
+        return f"{socket.gethostname()}:{self.port or uuid.uuid4()}:{self.data_dir}"
 
     @property
     def temporal_target(self) -> str:

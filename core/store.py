@@ -21,6 +21,7 @@ from sqlmodel import Session, and_, col, or_, select
 
 from core import candidates, gate, units
 from core.errors import AuthError, ConflictError, ForbiddenError, NotFoundError
+from core.gateways import GatewayRegistry
 from core.models import (
     AlertingRule,
     AlertWatermark,
@@ -113,6 +114,7 @@ class AppAccess:
 class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.gateways = GatewayRegistry(engine)
 
     def ping(self) -> None:
         """One round trip (``SELECT 1``) on a pooled connection; raises while the database is unreachable (see

@@ -10,11 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import fcntl
+import hashlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from temporalio.client import Client, WorkflowHandle
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
@@ -22,7 +25,7 @@ from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
-from core import metrics
+from core import gateways, metrics
 from core.settings import Settings
 from core.store import Store
 from gateway.activities import HubActivities
@@ -54,6 +57,7 @@ SIGNAL_FAILURES_LOGGED_EVERY = 30  # a signal failing for minutes logs a line no
 # Sockets closed by the fence: 1012 "Service Restart"; every SDK reconnects after any close.
 FENCE_CLOSE_CODE = 1012
 FENCE_CLOSE_REASON = "gateway lost contact with Temporal; reconnect"
+FOUND_GONE_REASON = "gateway was found gone; reconnect"
 # After the watch ends (or could not be checked), look again this long later.
 WATCH_RECHECK = timedelta(seconds=1)
 
@@ -71,6 +75,10 @@ class Gateway:
             allowed_origins=settings.origins,
         )
         self.task_queue = GATEWAY_TASK_QUEUE_PREFIX + uuid.uuid4().hex
+        self.identity = settings.gateway_identity
+        # Fenced, or found gone by its watch (``keep_watched``): its sockets are closed, and upgrades are refused
+        # until it is watched again and no longer recorded gone.
+        self.rejoining = False
         self._background: set[asyncio.Task[None]] = set()
         self._lanes = SignalLanes()
         self.contact_state = ContactState(fence_after=settings.gateway_fence)
@@ -81,8 +89,34 @@ class Gateway:
 
     @property
     def fenced(self) -> bool:
-        """Out of contact with Temporal for the fence time: executor upgrades are refused until contact is back."""
-        return self.contact_state.fenced
+        """Out of contact with Temporal for the fence time, or found gone by its watch and not yet serving again:
+        executor upgrades are refused."""
+        return self.contact_state.fenced or self.rejoining
+
+    @contextlib.asynccontextmanager
+    async def registered(self) -> AsyncIterator[None]:
+        """Serve under this process's identity for the block: the identity's lock (one process per identity on a
+        host), this task queue recorded, and every earlier process of the identity recorded gone (it crashed: the
+        fence will not wait on it). On the way out, after the sockets are closed, this process is recorded gone
+        too (retired)."""
+        with _identity_lock(self.settings.data_dir, self.identity):
+            earlier = await asyncio.to_thread(self.store.gateways.register, self.task_queue, self.identity)
+            if earlier:
+                log.info("gateway %s succeeds %s under the same identity: known gone, never probed again",
+                         self.task_queue, ", ".join(earlier))
+            try:
+                yield
+            finally:
+                await self.retire()
+
+    async def retire(self) -> None:
+        """Record this process gone: it holds no socket and takes no new one. Best effort: if the database is away,
+        its watch finds it gone a heartbeat timeout later, as for a crash."""
+        try:
+            await asyncio.to_thread(self.store.gateways.mark_gone, self.task_queue, gateways.RETIRED)
+        except Exception as err:
+            log.warning("could not record gateway %s as retired (%s); its watch will find it gone",
+                        self.task_queue, type(err).__name__)
 
     def worker(self) -> Worker:
         # Its one workflow: management requests routed here by other gateway processes, run with their local
@@ -99,6 +133,9 @@ class Gateway:
 
     async def _on_contact_change(self, change: Change) -> None:
         if change is Change.FENCED:
+            # Out of contact this long, its watch may find it gone: it serves again only once ``keep_watched``
+            # has made sure it is not recorded gone.
+            self.rejoining = True
             await self.close_all(FENCE_CLOSE_CODE, FENCE_CLOSE_REASON)
         elif change is Change.REGAINED:
             self.spawn(self.reconcile())
@@ -156,18 +193,39 @@ class Gateway:
                 await task
 
     async def keep_watched(self) -> None:
-        """Restart the watch whenever it is not running: after an outage, after it completed (it declared this
-        gateway gone while it was cut off), or if it failed. The workflow id keeps it to one per gateway."""
+        """Restart the watch whenever it is not running: after an outage, after it completed, or if it failed. The
+        workflow id keeps it to one per gateway.
+
+        A watch that completed found this gateway gone (it was cut off, say) and recorded it so (``core.gateways``):
+        the fence no longer probes it, so it must hold no socket. So whenever the watch (re)starts, this process
+        looks at its record: recorded gone (or fenced meanwhile), it closes its sockets (the executors reconnect)
+        and refuses upgrades until it has cleared the record."""
         while True:
             try:
                 handle = await self.start_watch()
+                await self._rejoin_if_gone()
                 await handle.result()  # follows continue-as-new; returns only when the watch has ended
-                log.warning("the watch of this gateway ended; starting it again")
+                log.warning("the watch of this gateway found it gone; closing its sockets until it is watched again")
+                await self._leave()
             except asyncio.CancelledError:
                 raise
-            except Exception as err:  # Temporal away: the contact loop reports it; look again shortly
+            except Exception as err:  # Temporal or the database away: reported elsewhere; look again shortly
                 log.debug("watch check failed: %s", err)
             await asyncio.sleep(WATCH_RECHECK.total_seconds())
+
+    async def _rejoin_if_gone(self) -> None:
+        gone = await asyncio.to_thread(self.store.gateways.gone_reason, self.task_queue)
+        if gone is not None and not self.rejoining:
+            await self._leave()  # recorded gone while it served: what it held may be recovered without a probe
+        if self.rejoining:
+            await asyncio.to_thread(self.store.gateways.revive, self.task_queue, self.identity)
+            self.rejoining = False
+            log.warning("gateway %s serves again%s", self.task_queue,
+                        f" (it had been recorded gone: {gone})" if gone else "")
+
+    async def _leave(self) -> None:
+        self.rejoining = True
+        await self.close_all(FENCE_CLOSE_CODE, FOUND_GONE_REASON)
 
     async def signal_connected(self, org: str, app: str, signal: ConnectedSignal) -> bool:
         """Signal-with-start the executor's lifecycle workflow. False when Temporal stayed unreachable."""
@@ -294,6 +352,24 @@ class _Lane:
     def __init__(self) -> None:
         self.tail: asyncio.Future[None] | None = None
         self.latest = ""
+
+
+@contextlib.contextmanager
+def _identity_lock(data_dir: Path, identity: str) -> Iterator[None]:
+    """One live process per gateway identity on this host (an advisory lock the kernel drops when the process
+    dies): a second one would record the first gone while it still holds sockets."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    name = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    with open(data_dir / f"gateway-{name}.lock", "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RuntimeError(f"another gateway process on this host runs under identity {identity!r}: give each "
+                               "its own RELAY_GATEWAY_ID (or RELAY_PORT)") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 async def _drop(work: Awaitable[object]) -> None:

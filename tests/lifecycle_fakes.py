@@ -32,7 +32,12 @@ from workflows.contracts.common import (
     lifecycle_workflow_id,
 )
 from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
-from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
+from workflows.contracts.gateway_watch import (
+    GatewayGoneInput,
+    GatewayGoneReply,
+    ProbeGatewayInput,
+    ProbeGatewayReply,
+)
 from workflows.contracts.lifecycle import (
     DeleteExecutorInput,
     DispatchRecoveryInput,
@@ -103,6 +108,12 @@ class FakeRelay:
     # admit_recovery: holds popped from here first, each "wait this long from when you asked, because <reason>";
     # then "go" (no pause, no storm).
     gate_holds: list[tuple[str, timedelta]] = field(default_factory=list)
+    # gateway_gone: the gateway queues known gone (``core.gateways``); any other is live and probed.
+    gone_queues: set[str] = field(default_factory=set)
+    # When set, probe_gateway, select_candidate and admit_recovery (by activity name) each wait, once started, until
+    # the event is set: the test lands a signal meanwhile. ``started`` is set when such a wait begins.
+    holds: dict[str, asyncio.Event] = field(default_factory=dict)
+    started: dict[str, asyncio.Event] = field(default_factory=dict)
 
     records: list[Call[RecordStatusInput]] = field(default_factory=list)
     timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
@@ -113,6 +124,7 @@ class FakeRelay:
     exist_calls: list[Call[ExistPendingInput]] = field(default_factory=list)
     probes: list[Call[ProbeGatewayInput]] = field(default_factory=list)
     admissions: list[Call[AdmitRecoveryInput]] = field(default_factory=list)
+    gone_checks: list[Call[GatewayGoneInput]] = field(default_factory=list)
 
     @property
     def self_queue(self) -> str:
@@ -136,12 +148,12 @@ class FakeRelay:
             Activity.SELECT_CANDIDATE: len(self.selects), Activity.WRITE_AUDIT: len(self.audit_calls),
             Activity.DELETE_EXECUTOR: len(self.deletes), Activity.DISPATCH_RECOVERY: len(self.dispatches),
             Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls), Activity.PROBE_GATEWAY: len(self.probes),
-            Activity.ADMIT_RECOVERY: len(self.admissions),
+            Activity.ADMIT_RECOVERY: len(self.admissions), Activity.GATEWAY_GONE: len(self.gone_checks),
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.admit_recovery]
+                self.delete_executor, self.admit_recovery, self.gateway_gone]
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]
@@ -152,6 +164,7 @@ class FakeRelay:
     @activity.defn(name=Activity.PROBE_GATEWAY)
     async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
         await self._call(self.probes, input)
+        await self._hold(Activity.PROBE_GATEWAY)
         return self.probe_replies.pop(0) if self.probe_replies else ProbeGatewayReply(contact_for=timedelta(days=1))
 
     # -- database activities (shared queue) -------------------------------------------------------------------
@@ -171,6 +184,7 @@ class FakeRelay:
     @activity.defn(name=Activity.SELECT_CANDIDATE)
     async def select_candidate(self, input: SelectCandidateInput) -> Candidate | None:
         await self._call(self.selects, input)
+        await self._hold(Activity.SELECT_CANDIDATE)
         if self.candidate_script:
             return self.candidate_script.pop(0)
         if not self.peers_available:
@@ -188,10 +202,27 @@ class FakeRelay:
     @activity.defn(name=Activity.ADMIT_RECOVERY)
     async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:
         await self._call(self.admissions, input)
+        await self._hold(Activity.ADMIT_RECOVERY)
         if not self.gate_holds:
             return AdmitRecoveryReply(go=True)
         reason, wait = self.gate_holds.pop(0)
         return AdmitRecoveryReply(go=False, until=input.now + wait, reason=reason)
+
+    @activity.defn(name=Activity.GATEWAY_GONE)
+    async def gateway_gone(self, input: GatewayGoneInput) -> GatewayGoneReply:
+        await self._call(self.gone_checks, input)
+        gone = input.gateway_queue in self.gone_queues
+        return GatewayGoneReply(gone=gone, reason="retired" if gone else "")
+
+    async def _hold(self, name: str) -> None:
+        """Wait here while the test holds activity ``name`` (``holds``), saying so (``started``)."""
+        event = self.holds.get(name)
+        if event is None:
+            return
+        self.started.setdefault(name, asyncio.Event()).set()
+        while not event.is_set():  # heartbeat-free: a local activity or one with a start-to-close timeout
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), 0.5)
 
     # -- socket-bound activities (each candidate's gateway queue) ---------------------------------------------
 

@@ -11,25 +11,32 @@ whenever it finds it not running, and the workflow id keeps it to one per gatewa
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError
 
 from workflows import fence
+from workflows.timing import DB_ACTIVITY_TIMEOUT
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.gateway_watch import (
         DisconnectGatewayInput,
         DisconnectGatewayResult,
+        GatewayGoneInput,
         GatewayInput,
         HoldGatewayInput,
         ProbeGatewayInput,
         disconnect_gateway_executors,
+        gateway_gone,
         hold_gateway,
     )
 
 # From this patch on, a hold that fails is confirmed with a probe before the gateway's executors are disconnected.
 CONFIRM_PATCH = "confirm-gateway-gone"
+# From this patch on, a gateway already known gone (``core.gateways``) is not probed: the probe could only time out.
+KNOWN_GONE_PATCH = "known-gone-gateways"
 
 
 @workflow.defn
@@ -49,7 +56,7 @@ class GatewayWorkflow:
                 summary=f"hold {input.gateway_queue}",
             )
         except ActivityError as err:
-            if workflow.patched(CONFIRM_PATCH) and await fence.probe(
+            if workflow.patched(CONFIRM_PATCH) and not await self._known_gone(input) and await fence.probe(
                     input.gateway_queue, ProbeGatewayInput(), timeout=input.heartbeat_timeout) is not None:
                 workflow.continue_as_new(input)  # alive after all (Temporal was away, say): hold again
             reason = f"gateway gone: {err.cause or err}"
@@ -60,3 +67,13 @@ class GatewayWorkflow:
                 summary="disconnect the executors it held",
             )
         workflow.continue_as_new(input)
+
+    @staticmethod
+    async def _known_gone(input: GatewayInput) -> bool:
+        """A gateway that retired (SIGTERM) or was succeeded by a restart is known gone: no probe to wait out."""
+        if not workflow.patched(KNOWN_GONE_PATCH):
+            return False
+        reply = await workflow.execute_activity(
+            gateway_gone, GatewayGoneInput(input.gateway_queue), start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+            retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)), summary="known gone?")
+        return reply.gone

@@ -16,6 +16,7 @@ from typing import TypeVar
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
 from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.workflow import ActivityHandle
 
 from workflows import fence, timing
 from workflows.timing import (
@@ -34,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         ExecutorStatus,
     )
     from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply, admit_recovery
-    from workflows.contracts.gateway_watch import ProbeGatewayInput, ProbeGatewayReply
+    from workflows.contracts.gateway_watch import GatewayGoneInput, ProbeGatewayInput, ProbeGatewayReply, gateway_gone
     from workflows.contracts.lifecycle import (
         NEW,
         DeleteExecutorInput,
@@ -46,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleState,
         PeerAvailableSignal,
         RecordStatusInput,
+        RecoveryReply,
         RemovedSignal,
         SelectCandidateInput,
         WriteAuditInput,
@@ -84,6 +86,10 @@ LOCAL_DB_PATCH = "local-db-activities"
 # a workflow idle for another minute after the database came back. Only the interval is set here: it is not
 # part of the history, so histories replay unchanged.
 DB_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5))
+# Relay's own loop retries a recovery, on another peer; each socket-bound activity runs once.
+ONCE = RetryPolicy(maximum_attempts=1)
+# What ``_dispatch`` returns when the executor was back before the request went out.
+CALLED_OFF = "called off: the executor is back"
 # From this patch on, nothing is declared DEAD, nor recovered, while the gateway that last held the executor
 # still holds a live socket for it: that gateway is asked (the fence's probe, on its own task queue) before DEAD
 # and again before every recovery request. A missed heartbeat or a late timer means "no news": Temporal itself
@@ -94,6 +100,15 @@ FENCE_PATCH = "fence-probe"
 # a timer (durable, shown in the UI) and asks again. The gate holds its state in the database, so the workflows of
 # many dead executors are paced together.
 GATE_PATCH = "recovery-gate"
+# From this patch on, the fence looks again right before a recovery request: a `connected` from a newer connection
+# that lands while the workflow waits on anything (a probe, the gate, a backoff, a candidate's answer, an audit
+# write) calls the recovery off. The request is scheduled in the same workflow task as that last look, and the
+# `executor.recovery.dispatched` row is written while it is out; a probe's "gone" no longer hides a `connected`
+# that landed while it was waited for, nor overwrites it.
+REVIVAL_PATCH = "look-again-before-request"
+# From this patch on, a gateway known gone (``core.gateways``: its watch found it gone, it retired, or a successor
+# started under its identity) is not probed: it holds no socket, and the probe could only time out.
+KNOWN_GONE_PATCH = "known-gone-gateways"
 
 
 @workflow.defn
@@ -336,9 +351,11 @@ class ExecutorLifecycleWorkflow:
         """The fence, once the grace is over: True when the executor is gone; False when its gateway still holds
         its socket (it is HEALTHY again) or owes it more grace (its gateway regained contact with Temporal late)."""
         state = self._state
-        if state.connection is not None or state.unrecorded is not None:
+        if self._back():
             return False  # a `connected` came with the timer
         reply = await self._probe()
+        if workflow.patched(REVIVAL_PATCH) and self._back():
+            return False  # a `connected` landed while the probe was out: newer than whatever the probe says
         if reply is None:
             return True
         if reply.connection is not None:
@@ -360,26 +377,42 @@ class ExecutorLifecycleWorkflow:
         return True
 
     async def _probe(self) -> ProbeGatewayReply | None:
-        """Ask the gateway that last held the executor about its socket; None when that gateway is gone (it did
-        not pick the probe up within ``probe_timeout``) or was never known."""
+        """Ask the gateway that last held the executor about its socket; None when that gateway is gone (known gone,
+        or it did not pick the probe up within ``probe_timeout``) or was never known."""
         i, queue = self._input, self._state.gateway_queue
         if not queue:
+            return None
+        if workflow.patched(KNOWN_GONE_PATCH) and (await self._db(gateway_gone, GatewayGoneInput(queue))).gone:
             return None
         return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id), timeout=i.probe_timeout)
 
     async def _still_gone(self) -> bool:
         """Right before a recovery request goes out: False (and recovery called off) when the executor is back."""
         state = self._state
-        if state.connection is None:
+        revival = workflow.patched(REVIVAL_PATCH)
+        if not (self._back() if revival else state.connection is not None):
             reply = await self._probe()
-            if reply is None or reply.connection is None:
-                return True
-            state.connection = reply.connection
-        await self._audit("executor.recovery.cancelled", "success", {
-            "reason": "the executor holds a live socket", "gateway_queue": state.connection.gateway_queue,
-            "connection_id": state.connection.connection_id})
-        state.revived = True
+            if not (revival and self._back()):  # a `connected` that landed meanwhile outranks the probe's answer
+                if reply is None or reply.connection is None:
+                    return True
+                state.connection = reply.connection
+        await self._call_off()
         return False
+
+    async def _call_off(self) -> None:
+        """No request went out and the executor is back: recovery is called off; the run loop records it."""
+        state = self._state
+        back = state.connection or state.unrecorded
+        assert back is not None
+        await self._audit("executor.recovery.cancelled", "success", {
+            "reason": "the executor holds a live socket", "gateway_queue": back.gateway_queue,
+            "connection_id": back.connection_id})
+        state.revived = True
+
+    def _back(self) -> bool:
+        """A `connected` landed since the executor was last recorded gone (its connection may have closed again
+        before the run loop recorded it: ``unrecorded``). Either way the process is alive: no recovery for it."""
+        return self._state.connection is not None or self._state.unrecorded is not None
 
     async def _recover_and_finish(self) -> LifecycleResult | None:
         """Recover, then end; None when recovery was called off because the executor is alive after all."""
@@ -408,15 +441,17 @@ class ExecutorLifecycleWorkflow:
         blocked = False
         fenced = workflow.patched(FENCE_PATCH)
         admitted = not workflow.patched(GATE_PATCH)
+        revival = fenced and workflow.patched(REVIVAL_PATCH)
+        back = self._back if revival else lambda: fenced and self._state.connection is not None
         while True:
             if self._should_continue_as_new():
                 # A long wait for a peer must not grow history without bound: the next run resumes recovery.
                 await workflow.wait_condition(workflow.all_handlers_finished)
                 workflow.continue_as_new(self._next_input(self._state))
-            if fenced and self._state.connection is not None and not await self._still_gone():
+            if back() and not await self._still_gone():
                 return None  # it came back before any request went out (a wait for a peer, or a backoff)
             if not admitted:
-                admitted = await self._admitted()
+                admitted = await self._admitted(back)
                 continue  # after a wait: look again for continue-as-new and a revived executor
             self._peer_hint = False
             candidate = await self._db(
@@ -436,9 +471,7 @@ class ExecutorLifecycleWorkflow:
                     self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
                     blocked = True
                 with contextlib.suppress(TimeoutError):
-                    await workflow.wait_condition(
-                        lambda: self._peer_hint or (fenced and self._state.connection is not None),
-                        timeout=BLOCKED_RECHECK,
+                    await workflow.wait_condition(lambda: self._peer_hint or back(), timeout=BLOCKED_RECHECK,
                                                   timeout_summary="waiting for a HEALTHY peer")
                 continue
             blocked = False
@@ -453,8 +486,13 @@ class ExecutorLifecycleWorkflow:
                                note="current SDKs recover only their own version's workflows; confirmation "
                                     "may keep failing")
             self._describe(f"recovery via `{candidate.executor_id}`, attempt {attempt}")
-            await self._audit("executor.recovery.dispatched", "success", details)
-            error = await self._attempt(candidate, request_id, attempt)
+            if revival:
+                error = await self._dispatch(candidate, request_id, attempt, details)
+                if error is CALLED_OFF:
+                    return None
+            else:
+                await self._audit("executor.recovery.dispatched", "success", details)
+                error = await self._attempt(candidate, attempt, self._request(candidate, request_id, attempt))
             if error is None:
                 await self._audit("executor.recovery.succeeded", "success", details)
                 await self._db(
@@ -467,7 +505,25 @@ class ExecutorLifecycleWorkflow:
             failed.append(candidate.executor_id)
             backoff = await timing.backoff(backoff, f"after attempt {attempt}")
 
-    async def _admitted(self) -> bool:
+    async def _dispatch(self, candidate: Candidate, request_id: str, attempt: int,
+                        details: dict[str, object]) -> str | None:
+        """The last look, then the request: the failure reason, None on success, or ``CALLED_OFF``.
+
+        Nothing is awaited between the look and scheduling the request, so a `connected` that lands before the
+        request is out is always seen (whatever came before: a probe, the gate, a candidate's answer). The
+        `dispatched` row is written while the request is out."""
+        if self._back():
+            await self._call_off()
+            return CALLED_OFF
+        request = self._request(candidate, request_id, attempt)
+        try:
+            await self._audit("executor.recovery.dispatched", "success", details)
+        except BaseException:
+            request.cancel()  # removed (or cancelled) meanwhile: the request goes with the workflow
+            raise
+        return await self._attempt(candidate, attempt, request)
+
+    async def _admitted(self, back: Callable[[], bool]) -> bool:
         """Ask the recovery gate; True: go. Otherwise wait until it says to ask again (or the executor is back),
         then False. A pause lifted early is seen at the next ask: the gate makes a paused recovery ask at least
         every ``RELAY_RECOVERY_PAUSE_RECHECK_SECS``, so no signal is needed and none can be lost."""
@@ -484,34 +540,40 @@ class ExecutorLifecycleWorkflow:
         self._describe(f"**recovery held** ({reply.reason}) until {reply.until.isoformat()}")
         if wait > timedelta(0):
             with contextlib.suppress(TimeoutError):
-                await workflow.wait_condition(lambda: self._state.connection is not None, timeout=wait,
-                                              timeout_summary=f"recovery held: {reply.reason}")
+                await workflow.wait_condition(back, timeout=wait, timeout_summary=f"recovery held: {reply.reason}")
         return False
 
-    async def _attempt(self, candidate: Candidate, request_id: str, attempt: int) -> str | None:
-        """One recovery attempt through the candidate's gateway. Returns the failure reason, or None."""
+    def _request(self, candidate: Candidate, request_id: str, attempt: int) -> ActivityHandle[RecoveryReply]:
+        """Schedule the ``recovery`` request through the candidate's gateway (in this workflow task)."""
         i = self._input
-        timeout = i.recovery_timeout + timedelta(seconds=5)
-        # Relay's own loop retries, on another peer; each socket-bound activity runs once.
-        once = RetryPolicy(maximum_attempts=1)
+        return workflow.start_activity(
+            dispatch_recovery,
+            DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
+                                  org=i.org, app=i.app),
+            task_queue=candidate.gateway_queue, retry_policy=ONCE,
+            schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
+            heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
+            summary=f"recovery via {candidate.executor_id} attempt {attempt}",
+        )
+
+    def _socket_timeout(self) -> timedelta:
+        return self._input.recovery_timeout + timedelta(seconds=5)
+
+    async def _attempt(self, candidate: Candidate, attempt: int, request: ActivityHandle[RecoveryReply]
+                       ) -> str | None:
+        """One recovery attempt, its request already out: its answer, then the confirmation. Returns the failure
+        reason, or None."""
+        i = self._input
         try:
-            reply = await workflow.execute_activity(
-                dispatch_recovery,
-                DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
-                                      org=i.org, app=i.app),
-                task_queue=candidate.gateway_queue, retry_policy=once,
-                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
-                heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
-                summary=f"recovery via {candidate.executor_id} attempt {attempt}",
-            )
+            reply = await request
             if not reply.success:
                 return f"recovery answered success=false: {reply.error_message}"
             confirm = await workflow.execute_activity(
                 exist_pending_workflows,
                 ExistPendingInput(candidate.executor_id, i.executor_id, self._version(),
                                   request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app),
-                task_queue=candidate.gateway_queue, retry_policy=once,
-                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=timeout,
+                task_queue=candidate.gateway_queue, retry_policy=ONCE,
+                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
                 heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
                 summary=f"confirm recovery via {candidate.executor_id}",
             )

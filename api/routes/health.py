@@ -38,6 +38,8 @@ async def readyz(gateway: GatewayDep) -> Health:
         fenced = "; fenced: executor sockets closed and refused" if contact.fenced else ""
         reasons.append(f"Temporal unreachable for {contact.away_for().total_seconds():.0f} s "
                        f"({contact.reason}){fenced}")
+    elif gateway.rejoining:
+        reasons.append("rejoining: executor sockets refused until this gateway is watched again")
     try:
         await asyncio.wait_for(asyncio.to_thread(gateway.store.ping), READY_DB_TIMEOUT.total_seconds())
     except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason

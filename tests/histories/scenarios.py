@@ -35,6 +35,8 @@ from workflows.contracts.common import Activity, gateway_workflow_id
 from workflows.contracts.gateway_watch import (
     DisconnectGatewayInput,
     DisconnectGatewayResult,
+    GatewayGoneInput,
+    GatewayGoneReply,
     GatewayInput,
     HoldGatewayInput,
     ProbeGatewayInput,
@@ -288,6 +290,44 @@ async def fenced_before_dead(lc: Lifecycle) -> None:
     expect(await lc.relay.result(), "REMOVED")
 
 
+async def called_off_during_the_last_probe(lc: Lifecycle) -> None:
+    """DEAD, a candidate chosen, the last probe out; the new socket's `connected` lands meanwhile and the probe then
+    says "not held there": the `connected` wins, no request goes out; HEALTHY again."""
+    fakes = lc.fakes
+    release_select = fakes.holds[Activity.SELECT_CANDIDATE] = asyncio.Event()
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    await lc.env.sleep(GRACE + timedelta(seconds=1))
+    await _started(fakes, Activity.SELECT_CANDIDATE)
+    release_probe = fakes.holds[Activity.PROBE_GATEWAY] = asyncio.Event()
+    release_select.set()
+    await _started(fakes, Activity.PROBE_GATEWAY)
+    await lc.connect("c2")
+    await lc.relay.settle()
+    release_probe.set()
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    check(not fakes.dispatches and "executor.recovery.cancelled" in fakes.audits(), f"audits {fakes.audits()}")
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+
+
+async def gateway_known_gone(lc: Lifecycle) -> None:
+    """The executor's gateway is known gone (it retired): DEAD when the grace ends and the request right after,
+    with no probe."""
+    lc.fakes.gone_queues.add(lc.fakes.self_queue)
+    expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
+    check(not lc.fakes.probes and len(lc.fakes.gone_checks) == 2, f"calls {lc.fakes.summary()}")
+
+
+async def _started(fakes: FakeRelay, name: str) -> None:
+    for _ in range(500):
+        if name in fakes.started:
+            return
+        await asyncio.sleep(0.02)
+    raise ScenarioError(f"{name} was never called: {fakes.summary()}")
+
+
 async def grace_extended(lc: Lifecycle) -> None:
     """Its gateway regained contact with Temporal 10 s before the grace ended: a whole grace from then, then DEAD
     and recovered."""
@@ -356,10 +396,14 @@ async def app_gone(lc: Lifecycle) -> None:
 class GatewayFakes:
     """hold_gateway returns at once the first time (the hold ran its course); the second time it stops
     heartbeating (the process froze, or Temporal was away) but the probe is answered: alive, hold again; the
-    third time the gateway's worker is gone, so neither the hold nor the probe is picked up."""
+    third time the gateway's worker is gone, so neither the hold nor the probe is picked up.
 
+    With ``retired_at`` set, the gateway is recorded gone (it retired) from that hold on: no probe at all."""
+
+    retired_at: int | None = None
     holds: int = 0
     probes: int = 0
+    gone_checks: int = 0
     third_hold: asyncio.Event = field(default_factory=asyncio.Event)
     swept: list[DisconnectGatewayInput] = field(default_factory=list)
 
@@ -377,6 +421,12 @@ class GatewayFakes:
         self.probes += 1
         return ProbeGatewayReply(contact_for=timedelta(hours=1))
 
+    @activity.defn(name=Activity.GATEWAY_GONE)
+    async def gateway_gone(self, input: GatewayGoneInput) -> GatewayGoneReply:
+        self.gone_checks += 1
+        gone = self.retired_at is not None and self.holds >= self.retired_at
+        return GatewayGoneReply(gone=gone, reason="retired" if gone else "")
+
     @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
     async def disconnect_gateway_executors(self, input: DisconnectGatewayInput) -> DisconnectGatewayResult:
         self.swept.append(input)
@@ -384,15 +434,18 @@ class GatewayFakes:
 
 
 async def gateway_watch(env: WorkflowEnvironment, name: str) -> tuple[str, str]:
-    """Run 1: the hold ends, continue-as-new. Run 2: the hold's heartbeats stop, the probe is answered, continue-
-    as-new. Run 3: the gateway's worker is gone; the probe is not picked up; the sweep disconnects.
+    """``gateway-watch``: Run 1: the hold ends, continue-as-new. Run 2: the hold's heartbeats stop, the probe is
+    answered, continue-as-new. Run 3: the gateway's worker is gone; the probe is not picked up; the sweep
+    disconnects. ``gateway-watch-retired``: run 1 as above; run 2: the heartbeats stop and the gateway is recorded
+    gone (it retired): the sweep disconnects at once, with no probe.
 
     Returns the workflow id and its first run's id."""
-    fakes = GatewayFakes()
+    retired = name == "gateway-watch-retired"
+    fakes = GatewayFakes(retired_at=2 if retired else None)
     shared, gateway_queue = f"record-{name}", f"record-{name}-gateway"
     workflow_id = gateway_workflow_id(gateway_queue)
     async with Worker(env.client, task_queue=shared, workflows=[GatewayWorkflow],
-                      activities=[fakes.disconnect_gateway_executors]):
+                      activities=[fakes.disconnect_gateway_executors, fakes.gateway_gone]):
         async with Worker(env.client, task_queue=gateway_queue,
                           activities=[fakes.hold_gateway, fakes.probe_gateway]):
             handle = await env.client.start_workflow(
@@ -400,11 +453,15 @@ async def gateway_watch(env: WorkflowEnvironment, name: str) -> tuple[str, str]:
                 GatewayInput(gateway_queue, heartbeat_timeout=timedelta(seconds=1), hold_for=timedelta(seconds=2)),
                 id=workflow_id, task_queue=shared,
             )
-            await asyncio.wait_for(fakes.third_hold.wait(), timeout=30)
+            # Retired: the gateway's worker still runs (and would answer a probe), yet none is sent. Otherwise its
+            # worker goes away after the third hold starts: neither the hold nor the probe is picked up.
+            await asyncio.wait_for(handle.result() if retired else fakes.third_hold.wait(), timeout=30)
         result = await asyncio.wait_for(handle.result(), timeout=30)
     check(result == DisconnectGatewayResult(signalled=2), f"ended {result}")
-    check(fakes.holds == 3 and fakes.probes == 1 and len(fakes.swept) == 1,
+    expected = (2, 0, 1) if retired else (3, 1, 1)
+    check((fakes.holds, fakes.probes, len(fakes.swept)) == expected,
           f"{fakes.holds} holds, {fakes.probes} probes, {len(fakes.swept)} sweeps")
+    check(fakes.gone_checks == (1 if retired else 2), f"{fakes.gone_checks} known-gone checks")
     check("gateway gone" in fakes.swept[0].reason, f"sweep reason {fakes.swept[0].reason!r}")
     assert handle.result_run_id is not None
     return workflow_id, handle.result_run_id
@@ -454,5 +511,8 @@ SCENARIOS = [
     Scenario("fenced-before-dead", fenced_before_dead),
     Scenario("grace-extended", grace_extended),
     Scenario("gateway-watch", None, runs=3),
+    Scenario("gateway-watch-retired", None, runs=2),
+    Scenario("called-off-during-the-last-probe", called_off_during_the_last_probe),
+    Scenario("gateway-known-gone", gateway_known_gone),
     Scenario("orphan-recovered", orphan_recovered),
 ]

@@ -45,6 +45,8 @@ class Activity:
     # The fence: asked on a gateway's own queue before anything is declared gone. A gateway that does not pick it
     # up within its schedule-to-start timeout counts as gone; one that does says whether it holds the socket.
     PROBE_GATEWAY = "probe_gateway"
+    # Whether a gateway is known gone (a database read on the shared queue): one that is is never probed.
+    GATEWAY_GONE = "gateway_gone"
     # The recovery gate (an operator's pause, the recovery-storm breaker's pacing): a local activity of the lifecycle
     # workflow, asked before a recovery's first request.
     ADMIT_RECOVERY = "admit_recovery"

@@ -1,7 +1,7 @@
 """The gateway watch workflow's contract (one ``GatewayWorkflow`` per gateway process), and the fence's probe,
 which the lifecycle workflow asks of a gateway too. Stubs of their activities: ``hold_gateway`` and
 ``probe_gateway`` are implemented in ``gateway.activities`` (they run in the gateway process, on its own task
-queue), ``disconnect_gateway_executors`` in ``activities.registry``."""
+queue), ``disconnect_gateway_executors`` and ``gateway_gone`` in ``activities.registry``."""
 
 from __future__ import annotations
 
@@ -52,6 +52,22 @@ class ProbeGatewayReply:
 
 
 @dataclass
+class GatewayGoneInput:
+    """Is the gateway process on this task queue known gone (``core.gateways``)?"""
+
+    gateway_queue: str
+
+
+@dataclass
+class GatewayGoneReply:
+    """``gone``: recorded as gone (its watch found it gone, it retired, or a successor started under its identity),
+    so it holds no socket and is not probed. ``reason`` says which."""
+
+    gone: bool
+    reason: str = ""
+
+
+@dataclass
 class DisconnectGatewayInput:
     gateway_queue: str
     reason: str = "gateway gone"
@@ -79,5 +95,11 @@ async def probe_gateway(input: ProbeGatewayInput) -> ProbeGatewayReply:
 
 @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
 async def disconnect_gateway_executors(input: DisconnectGatewayInput) -> DisconnectGatewayResult:
-    """Signal ``disconnected`` for every executor the registry places on a gateway that is gone."""
+    """Record the gateway as gone, then signal ``disconnected`` for every executor the registry places on it."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.GATEWAY_GONE)
+async def gateway_gone(input: GatewayGoneInput) -> GatewayGoneReply:
+    """Whether the gateway is known gone: the fence never waits on a probe of one that is."""
     raise NotImplementedError(STUB)

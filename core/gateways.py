@@ -1,0 +1,99 @@
+"""Which gateway processes are known gone (the ``gatewayprocess`` table), so the fence never waits on one.
+
+The fence (``workflows.fence``) asks a gateway on its own task queue whether it holds an executor's socket, and
+counts it gone only when the question is not picked up within the probe's timeout. For a gateway that is already
+known to be gone, that wait is pure delay: every DEAD and every recovery request behind it comes a probe timeout
+late. So a process is recorded as gone, durably (Relay's database outlives Temporal's state), when:
+
+- its watch found it gone (``workflows.gateway_watch``: heartbeats stopped and a probe went unanswered);
+- it retired: on SIGTERM, after its sockets are closed and no new one can come in;
+- a successor started under the same identity (``RELAY_GATEWAY_ID``): the previous incarnation crashed.
+
+A process marked gone holds no socket: a gateway its watch found gone has fenced itself (closed its sockets)
+before the probe timed out; one that retired or was succeeded is no longer serving. The mark is cleared only by
+the process itself (``revive``), back in contact with Temporal, after closing whatever sockets it still held and
+before it accepts another: from then on the fence probes it again, as any live gateway.
+
+Rows are per process (per task queue); a row gone for longer than ``KEEP_GONE`` is deleted when a gateway starts. A
+queue with no row is not known gone: the fence probes it, as before this table existed.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from sqlalchemy import Engine
+from sqlalchemy import delete as sa_delete
+from sqlmodel import Session, col, select
+
+from core.models import GatewayProcess, utcnow
+
+# Long past any grace or blocked recovery that could still name the queue; a queue forgotten is merely probed.
+KEEP_GONE = timedelta(days=30)
+RESTARTED = "restarted"
+RETIRED = "retired"
+WATCH = "its watch found it gone"
+
+
+class GatewayRegistry:
+    """The ``gatewayprocess`` rows, on the store's engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def register(self, queue: str, identity: str) -> list[str]:
+        """A process starts serving on ``queue`` under ``identity``: record it, and mark every earlier process of
+        the same identity gone (it crashed, or it would still hold the identity's lock). Returns their queues."""
+        now = utcnow()
+        with Session(self.engine) as s:
+            s.exec(sa_delete(GatewayProcess).where(col(GatewayProcess.gone_at) < now - KEEP_GONE))
+            earlier = s.exec(select(GatewayProcess).where(GatewayProcess.identity == identity,
+                                                          GatewayProcess.queue != queue,
+                                                          col(GatewayProcess.gone_at).is_(None))).all()
+            for row in earlier:
+                row.gone_at, row.gone_reason = now, f"{RESTARTED}: succeeded by {queue}"
+                s.add(row)
+            mine = s.get(GatewayProcess, queue)
+            if mine is None:
+                s.add(GatewayProcess(queue=queue, identity=identity, started_at=now))
+            else:
+                mine.gone_at, mine.gone_reason = None, ""
+                s.add(mine)
+            s.commit()
+            return sorted(row.queue for row in earlier)
+
+    def mark_gone(self, queue: str, reason: str) -> bool:
+        """Record ``queue``'s process as gone; True when this call marked it (it was not already)."""
+        with Session(self.engine) as s:
+            row = s.get(GatewayProcess, queue)
+            if row is None:
+                row = GatewayProcess(queue=queue, identity="")
+            elif row.gone_at is not None:
+                return False
+            row.gone_at, row.gone_reason = utcnow(), reason
+            s.add(row)
+            s.commit()
+            return True
+
+    def revive(self, queue: str, identity: str) -> str | None:
+        """The process on ``queue`` is back and serving again (it closed the sockets it held first): clear its
+        mark. Returns the reason it had been marked gone, or None when it was not."""
+        with Session(self.engine) as s:
+            row = s.get(GatewayProcess, queue)
+            if row is None:  # a database restored from before this process started
+                s.add(GatewayProcess(queue=queue, identity=identity))
+                s.commit()
+                return None
+            if row.gone_at is None:
+                return None
+            reason = row.gone_reason or "gone"
+            row.gone_at, row.gone_reason = None, ""
+            s.add(row)
+            s.commit()
+            return reason
+
+    def gone_reason(self, queue: str) -> str | None:
+        """Why ``queue``'s process is known gone, or None when it is not (or is unknown: then it is probed)."""
+        with Session(self.engine) as s:
+            row = s.get(GatewayProcess, queue)
+            return None if row is None or row.gone_at is None else (row.gone_reason or "gone")

@@ -1,0 +1,216 @@
+"""Look again right before the request, on the time-skipping server: a `connected` that lands while the recovery
+path waits on anything — a probe, the gate's answer, a candidate's answer, a backoff — calls the recovery off; and a
+gateway known gone is never probed.
+
+Each test holds one of the fakes (``FakeRelay.holds``) while the executor's new socket is signalled, then lets it
+answer as if nothing happened ("alive, not held" for a probe, "go" for the gate, a peer for the candidate): only the
+workflow's own look at what landed meanwhile can call the recovery off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from tests.conftest import assert_eventually
+from tests.lifecycle_fakes import DEAD, DISCONNECTED, GRACE, HEALTHY, RECONNECTED, FakeRelay, Relay
+from tests.workflows.test_lifecycle_workflow import relay  # noqa: F401 — the workers fixture
+from workflows.contracts.common import Activity
+from workflows.contracts.gateway_watch import ProbeGatewayReply
+from workflows.contracts.lifecycle import LifecycleResult, RecoveryReply
+
+CANCELLED = "executor.recovery.cancelled"
+
+
+async def _dead(relay: Relay) -> None:  # noqa: F811
+    """Connected as c1, gone, its grace over: DEAD, the recovery path begun."""
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=1))
+
+
+async def _held(fakes: FakeRelay, name: str) -> asyncio.Event:
+    """Hold the fake ``name`` from its next call on; returns the event that releases it."""
+    release = fakes.holds[name] = asyncio.Event()
+    fakes.started.pop(name, None)
+    return release
+
+
+async def _wait_started(fakes: FakeRelay, name: str) -> None:
+    async def started() -> None:
+        event = fakes.started.get(name)
+        assert event is not None and event.is_set(), f"{name} not held yet; calls: {fakes.summary()}"
+
+    await assert_eventually(started)
+
+
+async def _called_off(relay: Relay, *after: tuple[str, str]) -> None:  # noqa: F811
+    """No request went out, the call-off is audited, and the executor is HEALTHY on its new socket, same run."""
+    fakes = relay.fakes
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, *after, RECONNECTED)
+    assert not fakes.dispatches and not fakes.deletes, fakes.summary()
+    assert CANCELLED in fakes.audits() and "executor.recovery.dispatched" not in fakes.audits()
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id, state.revived) == ("HEALTHY", "c2", False)
+
+
+async def test_back_while_the_probe_before_the_request_is_out(relay: Relay) -> None:  # noqa: F811
+    """The red team's case: DEAD, a candidate chosen, the last probe of the old gateway out (and slow: a frozen
+    gateway takes the whole probe timeout); the executor's new socket is signalled meanwhile; the probe then says
+    "not held there". The `connected` wins: no request."""
+    fakes = relay.fakes
+    release_select = await _held(fakes, Activity.SELECT_CANDIDATE)
+    await _dead(relay)
+    await _wait_started(fakes, Activity.SELECT_CANDIDATE)
+    release_probe = await _held(fakes, Activity.PROBE_GATEWAY)  # the probe after the candidate: the last one
+    release_select.set()
+    await _wait_started(fakes, Activity.PROBE_GATEWAY)
+
+    await relay.connect("c2")
+    await relay.settle()
+    release_probe.set()
+
+    await _called_off(relay, DEAD)
+    assert len(fakes.probes) == 2
+
+
+async def test_back_while_the_probe_before_dead_is_out(relay: Relay) -> None:  # noqa: F811
+    """The grace is over and the probe before DEAD is out when the new socket's `connected` lands; the probe then
+    says "gone" (not held, in contact for a day). It is never recorded DEAD, nor is its connection overwritten."""
+    fakes = relay.fakes
+    release_probe = await _held(fakes, Activity.PROBE_GATEWAY)
+    await _dead(relay)
+    await _wait_started(fakes, Activity.PROBE_GATEWAY)
+
+    await relay.connect("c2")
+    await relay.settle()
+    release_probe.set()
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    assert not fakes.selects and not fakes.dispatches and not fakes.deletes, fakes.summary()
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c2")
+
+
+async def test_back_while_the_gate_answers(relay: Relay) -> None:  # noqa: F811
+    fakes = relay.fakes
+    release = await _held(fakes, Activity.ADMIT_RECOVERY)
+    await _dead(relay)
+    await _wait_started(fakes, Activity.ADMIT_RECOVERY)
+
+    await relay.connect("c2")
+    await relay.settle()
+    release.set()
+
+    await _called_off(relay, DEAD)
+
+
+async def test_back_while_the_gate_holds_it(relay: Relay) -> None:  # noqa: F811
+    """Held by the gate (paced) for a minute: the `connected` ends the hold at once, and calls the recovery off."""
+    fakes = relay.fakes
+    fakes.gate_holds.append(("paced", timedelta(minutes=1)))
+    await _dead(relay)
+    await assert_eventually(lambda: _assert(len(fakes.admissions) == 1 and "executor.dead" not in fakes.audits()
+                                            and fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]))
+
+    await relay.connect("c2")
+
+    await _called_off(relay, DEAD)
+    assert len(fakes.admissions) == 1
+
+
+async def test_back_while_a_candidate_is_chosen(relay: Relay) -> None:  # noqa: F811
+    fakes = relay.fakes
+    release = await _held(fakes, Activity.SELECT_CANDIDATE)
+    await _dead(relay)
+    await _wait_started(fakes, Activity.SELECT_CANDIDATE)
+
+    await relay.connect("c2")
+    await relay.settle()
+    release.set()
+
+    await _called_off(relay, DEAD)
+
+
+async def test_back_after_a_failed_attempt(relay: Relay) -> None:  # noqa: F811
+    """A first request failed (no harm: the peer did not recover it); back during the backoff before the next."""
+    fakes = relay.fakes
+    fakes.recovery_replies["peer-a"] = [RecoveryReply(success=False, error_message="busy")]
+    release = await _held(fakes, Activity.SELECT_CANDIDATE)
+    await _dead(relay)
+    await _wait_started(fakes, Activity.SELECT_CANDIDATE)
+    fakes.started.pop(Activity.SELECT_CANDIDATE)
+    release.set()
+    await assert_eventually(lambda: _assert("executor.recovery.failed" in fakes.audits()))
+    release_next = await _held(fakes, Activity.SELECT_CANDIDATE)
+
+    await relay.connect("c2")
+    await relay.settle()
+    release_next.set()
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    assert len(fakes.dispatches) == 1 and not fakes.deletes, fakes.summary()
+    assert fakes.audits()[-1] == CANCELLED, fakes.audits()
+
+
+async def test_came_and_went_again_while_the_probe_was_out(relay: Relay) -> None:  # noqa: F811
+    """A new socket that opened and closed again while the last probe was out: the process is alive (it just
+    connected), so no recovery; it is recorded HEALTHY, then DISCONNECTED, and gets a new grace of its own."""
+    fakes = relay.fakes
+    release_select = await _held(fakes, Activity.SELECT_CANDIDATE)
+    await _dead(relay)
+    await _wait_started(fakes, Activity.SELECT_CANDIDATE)
+    release_probe = await _held(fakes, Activity.PROBE_GATEWAY)
+    release_select.set()
+    await _wait_started(fakes, Activity.PROBE_GATEWAY)
+
+    await relay.connect("c2")
+    await relay.disconnect("c2")
+    await relay.settle()
+    release_probe.set()
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED, DISCONNECTED)
+    assert not fakes.dispatches and not fakes.deletes, fakes.summary()
+    assert CANCELLED in fakes.audits()
+
+
+async def test_a_gateway_known_gone_is_never_probed(relay: Relay) -> None:  # noqa: F811
+    """The executor's gateway retired (or was found gone, or restarted): nothing waits on a probe of it, so DEAD
+    comes when the grace ends and the request right after."""
+    fakes = relay.fakes
+    fakes.gone_queues.add(fakes.self_queue)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    result = await relay.result()
+
+    assert result == LifecycleResult(status="RECOVERED", recovered_by="peer-a", attempts=1)
+    assert not fakes.probes, fakes.summary()
+    assert [c.input.gateway_queue for c in fakes.gone_checks] == [fakes.self_queue] * 2
+    disconnected, dead = fakes.records[1], fakes.records[2]
+    assert timedelta(0) <= dead.scheduled - (disconnected.scheduled + GRACE) < timedelta(seconds=1)
+    assert fakes.dispatches[0].scheduled - dead.scheduled < timedelta(seconds=1)
+
+
+async def test_a_live_gateway_is_still_probed(relay: Relay) -> None:  # noqa: F811
+    """Known gone is a fact about one gateway: another, live, is asked as before (and its answer counts)."""
+    fakes = relay.fakes
+    fakes.gone_queues.add(f"{fakes.task_queue}-some-other-gateway")
+    fakes.probe_replies.append(ProbeGatewayReply(connection=relay.connected_signal("c1"),
+                                                 contact_for=timedelta(days=1)))
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    assert len(fakes.probes) == 1 and len(fakes.gone_checks) == 1
+    assert not fakes.dispatches
+
+
+def _assert(condition: bool) -> None:
+    assert condition
+
+
