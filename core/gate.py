@@ -14,11 +14,13 @@ first request and, told to wait, waits durably (a Temporal timer) and asks again
   first few would be let through before the storm could be seen. Tripping is one transaction that also writes the
   alert, so there is exactly one per storm. The breaker resets when no death came for a window and every DEAD
   executor's ticket was let through.
-- **Pacing.** While tripped, or for a ticket that waited for a pause, or while a paced backlog is still being
-  handed out, each new ticket gets the next slot: ``pace`` after the last one. Slots are handed out under the row
-  lock, so the workflows of a storm's dead executors (one each) are serialized. A paced ticket is also let through
-  no sooner than ``SPACING`` of a pace after the last one let through: a timer that fired late pushes the one behind
-  it back instead of sending two recoveries at once.
+- **Pacing.** Only while tripped, or for a ticket that waited for a pause, each new ticket gets the next slot:
+  ``pace`` after the last one. Below the storm share nothing is held, however the askers' clocks differ: each
+  workflow asks with its own workflow task's start, and under load those of one burst of deaths lag by seconds, so
+  a slot handed out a moment ago says nothing of a queue. Slots are handed out under the row lock, so the
+  workflows of a storm's dead executors (one each) are serialized. A paced ticket is also let through no sooner
+  than ``SPACING`` of a pace after the last one let through: a timer that fired late pushes the one behind it back
+  instead of sending two recoveries at once.
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ from datetime import datetime, timedelta
 
 # A paced recovery is let through no sooner than this share of the pace after the last one let through.
 SPACING = 0.75
-# How far apart the clocks of two lifecycle workflows asking the gate may be (each is its workflow task's start).
-CLOCK_SKEW = timedelta(seconds=1)
 PAUSED = "paused"
 PACED = "paced"
 # Statuses that count as gone down in the registry (the plain strings of ExecutorStatus).
@@ -165,15 +165,12 @@ def _spaced(ticket: Ticket, breaker: Breaker) -> bool:
 
 
 def _slot(now: datetime, breaker: Breaker, *, paced: bool, policy: GatePolicy) -> datetime:
-    """The ticket's slot: now, or (paced, or a paced backlog still being handed out) ``pace`` after the last.
+    """The ticket's slot: ``pace`` after the last one when ``paced``, else now.
 
-    A backlog is a last slot further ahead than the workflows' clocks can differ (``CLOCK_SKEW``): each asks with
-    its own workflow-task time, so an unpaced slot given a moment ago may lie a little ahead of the next asker's
-    ``now`` without anything being queued."""
+    An unpaced slot still moves ``last_slot_at``, so the first paced one after a trip keeps a pace behind it."""
     last = breaker.last_slot_at
-    backlog = last is not None and last > now + min(CLOCK_SKEW, policy.pace / 2)
-    slot = max(now, last + policy.pace) if last is not None and (paced or backlog) else now
-    breaker.last_slot_at = max(last, slot) if last is not None else slot
+    slot = max(now, last + policy.pace) if paced and last is not None else now
+    breaker.last_slot_at = slot if last is None else max(last, slot)
     return slot
 
 

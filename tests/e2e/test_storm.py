@@ -1,8 +1,9 @@
-"""The recovery gate end to end, on one `relay dev` with a short pace (RELAY_RECOVERY_PACE_SECS=0.5):
+"""The recovery gate end to end, on one `relay dev` with a short pace (RELAY_RECOVERY_PACE_SECS=1):
 
 - the storm: 12 executors of one app — 2 real ``dbos==3.2.0`` executors that survive (they answer ``recovery`` and
   ``exist_pending_workflows`` as the SDK does) and 10 protocol-level peers that die together. The breaker trips once,
   the 10 recoveries go one per pace, no survivor carries more than its fair share + 1, and all 10 are deleted;
+- below the storm: a third of 27 protocol-level peers die together: none is held, all are recovered at once;
 - drain: a real executor, drained with the CLI, is never sent an operator's request until it is undrained.
 """
 
@@ -116,6 +117,43 @@ def test_a_storm_is_paced_spread_alerted_once_and_fully_recovered(relay: Relay, 
             peer.stop()
         for process in survivors:
             process.stop()
+
+
+def test_a_third_dying_together_is_no_storm_and_nobody_waits(relay: Relay) -> None:
+    """Issue 19: under the storm share nothing is held, however far apart the clocks of the dead executors'
+    workflows are when they ask the gate. 9 of 27 close at once: all recovered a moment after their grace."""
+    app = "a-third"
+    grace = 3
+    _register(relay, app, grace_secs=grace)
+    survivors = [RawPeer(relay.ws_url, app, relay.key, f"stays-{n}") for n in range(18)]
+    doomed = [RawPeer(relay.ws_url, app, relay.key, f"goes-{n}") for n in range(9)]
+    try:
+        wait_until(lambda: len(relay.executors(app)) == 27, timeout=30, what="27 executors")
+        for peer in doomed:
+            wait_recorded(relay.temporal_address, app, peer.executor_id)
+
+        closed = time.monotonic()
+        threads = [threading.Thread(target=peer.stop) for peer in doomed]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+        gone = {p.executor_id for p in doomed}
+        recovered = wait_until(lambda: not gone & set(registry_at(relay.db_url, app)), timeout=60,
+                               what="all 9 recovered and deleted")
+        print(f"below the storm: all 9 recovered {recovered - closed:.2f} s after the close (grace {grace} s)")
+        rows = audit_rows_at(relay.db_url, app)
+        assert [r.details for r in rows if r.operation == "executor.recovery.held"] == []
+        assert [r.details for r in rows if r.operation == "app.recovery.breaker_tripped"] == []
+        assert recovered - closed <= grace + 6, f"recovered {recovered - closed:.1f} s after the close"
+        succeeded = Counter(r.executor_id for r in rows if r.operation == "executor.recovery.succeeded")
+        assert succeeded == Counter(gone)
+        requested = [r["executor_ids"] for p in survivors for r in p.requests_of("recovery")]
+        assert sorted(requested, key=str) == [[e] for e in sorted(gone)]  # one request each, nothing retried
+    finally:
+        for peer in doomed + survivors:
+            peer.stop()
 
 
 def test_a_drained_executor_gets_no_operator_request(relay: Relay, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ the drain's exclusion from recovery candidates and management candidates."""
 from __future__ import annotations
 
 import contextlib
+import random
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -68,6 +69,67 @@ def test_deaths_below_the_storm_go_at_once_whatever_order_their_clocks_come_in()
         g.dies(f"e{n}", T0)
     assert g.ask("e0", T0 + timedelta(milliseconds=300)).go
     assert g.ask("e1", T0 + timedelta(milliseconds=100)).go
+
+
+def _drifting_clocks(count: int, at: datetime) -> list[datetime]:
+    """The clocks a burst of ``count`` deaths asks the gate with, in the order they ask: each is its workflow task's
+    start, and under load later askers carry earlier clocks, up to 10 s behind (more than half a pace, more than a
+    second). Seeded: the same drift every run."""
+    rng = random.Random(19)
+    clocks = [at + timedelta(milliseconds=rng.randrange(10_000)) for _ in range(count)]
+    assert any(clocks[i] - clocks[j] > 3 * S for i in range(count) for j in range(i + 1, count))
+    return clocks
+
+
+def test_deaths_below_the_storm_are_never_held_however_far_their_clocks_drift() -> None:
+    """Issue 19: 14 of 30 executors (under half) die together and their workflows ask with clocks seconds apart.
+    Below the storm share nothing is held: every one goes at once, the breaker never trips."""
+    g = Gate(healthy=30)
+    for n in range(14):
+        g.dies(f"e{n}", T0)
+    decisions = [g.ask(f"e{n}", now) for n, now in enumerate(_drifting_clocks(14, T0 + 3 * S))]
+    assert [(d.go, d.reason, d.until) for d in decisions] == [(True, "", None)] * 14
+    assert not any(d.tripped for d in decisions) and g.breaker.trips == 0
+
+
+def _assert_paced(g: Gate, asked: list[tuple[str, datetime, gate.Decision]]) -> None:
+    """One slot per pace, in the order they asked: each is a pace after the one before or, when the asker's clock is
+    later still, its clock (it goes at once); the others are held until their slot."""
+    slots = [g.tickets[executor_id].slot_at for executor_id, _, _ in asked]
+    assert all(a is not None and b is not None and b - a >= POLICY.pace
+               for a, b in zip(slots, slots[1:], strict=False))
+    for (_, now, decision), slot in zip(asked, slots, strict=True):
+        assert (decision.go, decision.reason, decision.until) == ((True, "", None) if slot == now else
+                                                                  (False, PACED, slot))
+
+
+def test_a_tripped_breaker_paces_one_per_pace_however_far_the_clocks_drift() -> None:
+    """The companion: the same 14 deaths with the same clocks, but of 20 executors (over half). The breaker trips
+    once, and the recoveries are paced one per pace, most of them held."""
+    g = Gate(healthy=20)
+    for n in range(14):
+        g.dies(f"e{n}", T0)
+    asked = [(f"e{n}", now, g.ask(f"e{n}", now)) for n, now in enumerate(_drifting_clocks(14, T0 + 3 * S))]
+    assert asked[0][2].go and asked[0][2].tripped and g.breaker.trips == 1
+    _assert_paced(g, asked)
+    assert sum(not d.go for _, _, d in asked) >= 10
+
+
+def test_after_a_pause_the_paused_are_paced_and_a_fresh_death_below_the_storm_is_not() -> None:
+    """Tickets that waited for a pause are paced when it ends, whatever their clocks; an executor that dies after
+    it, below the storm share, goes at once instead of queuing behind them."""
+    g = Gate(healthy=30)
+    g.pause_until = end = T0 + timedelta(minutes=5)
+    for n in range(14):
+        g.dies(f"e{n}", T0)
+        assert g.ask(f"e{n}", T0).reason == PAUSED
+    asked = [(f"e{n}", now, g.ask(f"e{n}", now)) for n, now in enumerate(_drifting_clocks(14, end))]
+    assert not any(d.tripped for _, _, d in asked)
+    _assert_paced(g, asked)
+    assert sum(not d.go for _, _, d in asked) >= 10
+    g.dies("e20", end + S)
+    fresh = g.ask("e20", end + S)
+    assert fresh.go and not fresh.tripped
 
 
 def test_a_pause_holds_until_its_end_rechecking_and_then_paces_the_backlog() -> None:
