@@ -1,31 +1,44 @@
 """A gateway that dies sends no `disconnected`: the gateway watch workflow notices and disconnects the
-executors it held. Real processes: a Temporal dev server, `relay worker` and `relay gateway`, separately."""
+executors it held, and once it has found the gateway gone nothing waits on that gateway again. Real processes: a
+Temporal dev server, `relay worker` and `relay gateway`, separately."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
+from core.temporal import connect
 from tests.rawclient import RawClient
 from tests.support import (
     VENV_BIN,
+    AuditRow,
     Process,
     RawPeer,
     Relay,
     audit_rows,
     free_port,
     healthy,
+    lifecycle_state,
     registry,
     relay_env,
     start_temporal,
+    wait_recorded,
     wait_until,
 )
+from workflows.contracts.common import Activity, gateway_workflow_id, lifecycle_workflow_id
+from workflows.contracts.lifecycle import LifecycleState
 
 pytestmark = pytest.mark.e2e
 HEARTBEAT_TIMEOUT = 2.0
+# A gateway known gone (here: its watch found it gone) is never probed again, so after its crash an executor it held
+# is DEAD this close to the end of its grace, and deleted this soon after DEAD: neither waits out a probe's timeout.
+GONE_GATEWAY_BOUND = 1.0
 
 
 @pytest.fixture
@@ -42,7 +55,11 @@ def cluster(tmp_path: Path) -> Iterator[tuple[dict[str, str], Process]]:
         temporal.stop()
 
 
-def _gateway(env: dict[str, str], data_dir: Path, key: str, log: str) -> Relay:
+def _gateway(env: dict[str, str], data_dir: Path, key: str, log: str, *, identity: str | None = None) -> Relay:
+    """A `relay gateway`, up, optionally under an explicit ``identity`` (``RELAY_GATEWAY_ID``; the default is the
+    host name, RELAY_PORT and the data dir). A process started under an identity makes the earlier processes of that
+    identity gone, so gateways side by side never share one."""
+    env = env if identity is None else {**env, "RELAY_GATEWAY_ID": identity}
     process = Process([str(VENV_BIN / "relay"), "gateway"], env=env, log=data_dir / log)
     relay = Relay(process, f"http://127.0.0.1:{env['RELAY_PORT']}", f"ws://127.0.0.1:{env['RELAY_PORT']}/", key,
                   data_dir)
@@ -93,8 +110,8 @@ def test_peer_gateway_killed_mid_recovery_moves_on_to_a_peer_elsewhere(
     key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
                          text=True, timeout=60).stdout.strip()
     app = "two-gateways"
-    first = _gateway(env, tmp_path, key, "gateway-1.log")
-    second = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-2.log")
+    first = _gateway(env, tmp_path, key, "gateway-1.log", identity="first")
+    second = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-2.log", identity="second")
     peers: list[RawPeer] = []
     try:
         with first.api() as api:
@@ -125,3 +142,95 @@ def test_peer_gateway_killed_mid_recovery_moves_on_to_a_peer_elsewhere(
             peer.stop()
         second.process.stop()
         first.process.stop()
+
+
+def test_gateway_killed_for_good_its_executor_is_dead_and_recovered_on_time(
+    cluster: tuple[dict[str, str], Process], tmp_path: Path
+) -> None:
+    """A gateway SIGKILLed and never started again, with an executor that dies with it; a peer of the same app
+    on another gateway lives on. The watch finds the gateway gone and disconnects the executor then; that verdict
+    makes the gateway known gone, so the fence does not probe it again: DEAD comes one grace after the
+    disconnect, and the recovery request (by the peer, once) and the deletion follow at once."""
+    env, _worker = cluster
+    address, app, grace = env["RELAY_TEMPORAL_ADDRESS"], "gone-gateway", 4
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
+                         text=True, timeout=60).stdout.strip()
+    doomed = _gateway(env, tmp_path, key, "gateway-doomed.log", identity="doomed")
+    survivor = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-survivor.log",
+                        identity="survivor")
+    peer: RawPeer | None = None
+    dead: RawPeer | None = None
+    try:
+        with survivor.api() as api:
+            assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+            assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace}).status_code == 204
+        peer = RawPeer(survivor.ws_url, app, key, "peer")
+        dead = RawPeer(doomed.ws_url, app, key, "dead")
+        wait_until(lambda: registry(tmp_path, app) == {"peer": "HEALTHY", "dead": "HEALTHY"}, timeout=15,
+                   what="both HEALTHY")
+        for executor_id in ("peer", "dead"):
+            wait_recorded(address, app, executor_id)
+        state = lifecycle_state(address, app, "dead")
+        assert isinstance(state, LifecycleState)
+        doomed_queue = state.gateway_queue
+
+        killed_at = time.time()
+        doomed.process.kill()  # no `disconnected` from it: only its watch can tell
+        dead.stop()  # the executor dies with it (and stops knocking on its port)
+        wait_until(lambda: registry(tmp_path, app).get("dead") == "DISCONNECTED", timeout=2 * HEARTBEAT_TIMEOUT + 8,
+                   what="DISCONNECTED when the watch found the gateway gone")
+        wait_until(lambda: "dead" not in registry(tmp_path, app), timeout=grace + 20, what="recovered and deleted")
+
+        rows = audit_rows(tmp_path, app, "dead")
+        late, to_delete = _gone_gateway_figures(rows, grace, killed_at)
+        watch_probes = _probes(address, gateway_workflow_id(doomed_queue))
+        fence_probes = _probes(address, lifecycle_workflow_id("local", app, "dead")).count(doomed_queue)
+        print(f"probes of the killed gateway: {len(watch_probes)} by its watch, {fence_probes} by the fence")
+        assert [r.operation for r in rows] == [
+            "executor.healthy", "executor.disconnected", "executor.dead", "executor.recovery.dispatched",
+            "executor.recovery.succeeded", "executor.deleted"], [r.operation for r in rows]
+        assert _one(rows, "executor.recovery.succeeded").details["candidate"] == "peer"
+        assert [r["executor_ids"] for r in peer.requests_of("recovery")] == [["dead"]]
+        assert registry(tmp_path, app) == {"peer": "HEALTHY"}
+        # The watch's verdict took one probe (the one that confirmed its missed heartbeats), no second one.
+        assert len(watch_probes) <= 1, f"the watch probed the gone gateway {len(watch_probes)} times"
+
+        # Timing last, so a late DEAD does not hide the checks above.
+        assert abs(late) <= GONE_GATEWAY_BOUND, f"DEAD {late:+.2f}s off one grace after the disconnect"
+        assert 0 <= to_delete <= GONE_GATEWAY_BOUND, f"deleted {to_delete:.2f}s after DEAD"
+        assert fence_probes == 0, f"the fence probed the gateway known gone {fence_probes} times"
+    finally:
+        for p in (peer, dead):
+            if p is not None:
+                p.stop()
+        survivor.process.stop()
+        doomed.process.stop()
+
+
+def _one(rows: list[AuditRow], operation: str) -> AuditRow:
+    found = [r for r in rows if r.operation == operation]
+    assert len(found) == 1, (operation, [r.operation for r in rows])
+    return found[0]
+
+
+def _gone_gateway_figures(rows: list[AuditRow], grace: float, killed_at: float) -> tuple[float, float]:
+    """DEAD's distance from one grace after the disconnect, and the deletion's delay after DEAD; printed at once
+    (shown with ``-s``) with the watch's own delay, so the figures are there even when a check fails."""
+    disconnected, dead = _one(rows, "executor.disconnected").emit_time, _one(rows, "executor.dead").emit_time
+    late, to_delete = dead - (disconnected + grace), _one(rows, "executor.deleted").emit_time - dead
+    print(f"\nwatch: DISCONNECTED {disconnected - killed_at:.2f}s after the kill; DEAD {late:+.2f}s from one grace "
+          f"after it; deleted {to_delete:.2f}s after DEAD")
+    return late, to_delete
+
+
+def _probes(address: str, workflow_id: str) -> list[str]:
+    """The task queue of every ``probe_gateway`` activity the workflow's latest run scheduled."""
+    async def probes() -> list[str]:
+        client = await connect(address, "default")
+        handle = client.get_workflow_handle(workflow_id)
+        return [e.activity_task_scheduled_event_attributes.task_queue.name
+                async for e in handle.fetch_history_events()
+                if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                and e.activity_task_scheduled_event_attributes.activity_type.name == Activity.PROBE_GATEWAY]
+
+    return asyncio.run(probes())
