@@ -210,6 +210,8 @@ class Store:
                 row = s.get(Executor, (org, app, executor_id))
                 if row is None:
                     row = Executor(org=org, app=app, executor_id=executor_id, created_at=now)
+                elif row.status == ExecutorStatus.DEAD and status == ExecutorStatus.HEALTHY:
+                    _drop_waiting_ticket(s, org, app, executor_id)  # back before its recovery went: called off
                 row.status = status
                 row.updated_at = now
                 if info is not None:
@@ -866,6 +868,14 @@ def _lock_gate(s: Session, org: str, app: str) -> None:
         s.execute(bump)
         return
     raise RuntimeError(f"could not lock the recovery gate of {org}/{app}")
+
+
+def _drop_waiting_ticket(s: Session, org: str, app: str, executor_id: str) -> None:
+    """A DEAD executor back before its recovery was let through: its ticket is no longer waiting at the gate (nor,
+    for the breaker, an executor gone down). A ticket let through stays: it says which peer carried a recovery."""
+    row = s.get(RecoveryTicket, (org, app, executor_id))
+    if row is not None and row.granted_at is None:
+        s.delete(row)
 
 
 def _ticket(row: RecoveryTicket) -> gate.Ticket:

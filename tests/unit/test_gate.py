@@ -406,3 +406,25 @@ def test_the_chosen_peer_is_recorded_on_the_ticket_and_spreads_paced_recoveries(
     assert carried == {"s1": 3, "s2": 3}
     with Session(store.engine) as s:
         assert {t.candidate_id for t in s.exec(select(RecoveryTicket)).all()} == {"s1", "s2"}
+
+
+def test_an_executor_back_before_its_recovery_leaves_the_gate(store: Store) -> None:
+    """Held (a pause), then back: recorded HEALTHY, it is no longer listed as waiting at the gate nor counted as
+    gone down; a ticket that was let through stays (it names the peer that carried the recovery)."""
+    for name in ("s1", "held", "went"):
+        _record(store, name)
+    for name in ("held", "went"):
+        _record(store, name, ExecutorStatus.DEAD)
+    now = datetime.now(UTC)
+    assert store.admit_recovery(org=ORG, app=APP, executor_id="went", ticket="t", now=now, policy=POLICY).go
+    store.set_pause(org=ORG, app=APP, until=now + 9 * S, reason="", subject="system", source_ip="", details={})
+    held = store.admit_recovery(org=ORG, app=APP, executor_id="held", ticket="t", now=now, policy=POLICY)
+    assert held.reason == PAUSED
+    assert [t.executor_id for t in store.recovery_state(ORG, APP)[2]] == ["held"]
+
+    for name in ("held", "went"):
+        _record(store, name)  # back: the called-off one, and (for contrast) one whose recovery had gone out
+
+    assert store.recovery_state(ORG, APP)[2] == []
+    with Session(store.engine) as s:
+        assert [t.executor_id for t in s.exec(select(RecoveryTicket)).all()] == ["went"]
