@@ -10,7 +10,6 @@ may carry a token of its own), only its host.
 
 from __future__ import annotations
 
-import asyncio
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -59,9 +58,9 @@ class AlertActivities:
 
     @activity.defn(name=Activity.LOAD_ALERT_ROUND)
     async def load_alert_round(self, input: LoadAlertRoundInput) -> AlertRound:
-        rows = await asyncio.to_thread(self._store.alert_rules_to_evaluate)
+        rows = await self._store.call(self._store.alert_rules_to_evaluate)
         until = input.now - AUDIT_SETTLE
-        events, _start = await asyncio.to_thread(self._store.own_alert_events, list(alerts.OWN_OPERATIONS),
+        events, _start = await self._store.call(self._store.own_alert_events, list(alerts.OWN_OPERATIONS),
                                                  until=until, lookback=input.lookback)
         states = [rule_state(rule, healthy, since) for rule, healthy, since in rows]
         rules = [r for r in states if readable(r)]
@@ -74,7 +73,7 @@ class AlertActivities:
         rule = input.rule
         seen = alerts.observe(rule.rule_type, input.reply, input.failure)
         decision = alerts.decide(rule, seen, input.now)
-        claimed = await asyncio.to_thread(
+        claimed = await self._store.call(
             self._store.record_rule_evaluation, rule.rule_id, now=input.now, fire=decision.fire,
             suppressed=decision.message is not None and not decision.fire,
             expected_last_fired_at=rule.last_fired_at, checked_until=decision.checked_until,
@@ -88,13 +87,13 @@ class AlertActivities:
         details: dict[str, Any] = {"kind": a.kind, "ruleId": a.rule_id, "channel": input.channel,
                                    "outcome": input.outcome, "alertId": a.alert_id, "message": a.message,
                                    "receivingApp": a.receiving_app, "time": a.time.isoformat()}
-        await asyncio.to_thread(self._store.write_audit, org=a.org, app=a.app, operation=input.operation,
+        await self._store.call(self._store.write_audit, org=a.org, app=a.app, operation=input.operation,
                                 executor_id=input.executor_id, status=input.status, details=details,
                                 event_key=input.event_key)
 
     @activity.defn(name=Activity.ADVANCE_ALERT_WATERMARK)
     async def advance_alert_watermark(self, input: AdvanceAlertWatermarkInput) -> None:
-        await asyncio.to_thread(self._store.advance_alert_watermark, input.until)
+        await self._store.call(self._store.advance_alert_watermark, input.until)
 
     @activity.defn(name=Activity.SEND_ALERT_WEBHOOK)
     async def send_alert_webhook(self, input: SendAlertWebhookInput) -> WebhookResult:

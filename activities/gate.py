@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -34,7 +33,7 @@ class GateActivities:
     @activity.defn(name=Activity.ADMIT_RECOVERY)
     async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:
         try:
-            decision = await asyncio.to_thread(
+            decision = await self._store.call(
                 self._store.admit_recovery, org=input.org, app=input.app, executor_id=input.executor_id,
                 ticket=input.ticket, now=input.now, policy=self.policy, event_key=input.event_key)
         except Exception as err:

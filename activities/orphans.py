@@ -8,7 +8,6 @@ shared queue, Relay's search attributes), but without a signal: ``LifecycleInput
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -46,17 +45,17 @@ class OrphanActivities:
 
     @activity.defn(name=Activity.LIST_ORPHAN_TARGETS)
     async def list_orphan_targets(self, input: ListOrphanTargetsInput) -> list[OrphanTarget]:
-        apps = await asyncio.to_thread(self._store.apps_with_healthy_executors)
+        apps = await self._store.call(self._store.apps_with_healthy_executors)
         body = orphans.aggregates_body(input.now, input.min_age)
         return [OrphanTarget(org, app, dict(body)) for org, app in apps]
 
     @activity.defn(name=Activity.FIND_ORPHANS)
     async def find_orphans(self, input: FindOrphansInput) -> list[Orphan]:
         # Read after the executor answered: an executor that registered meanwhile is left alone.
-        registered = await asyncio.to_thread(self._store.registered_executor_ids)
+        registered = await self._store.call(self._store.registered_executor_ids)
         found = orphans.find_orphans(input.reply, registered=registered, now=input.now, min_age=input.min_age)
         if found:
-            written = await asyncio.to_thread(
+            written = await self._store.call(
                 self._store.write_audit, org=input.org, app=input.app, operation="orphans.found",
                 status="failure", details=orphans.audit_details(found, asked=input.asked, min_age=input.min_age),
                 event_key=input.event_key)

@@ -8,7 +8,6 @@ event's row reports it (the store says so): an activity retried after its row la
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import time
@@ -72,7 +71,7 @@ class RegistryActivities:
         one line when the outage starts (and every ``OUTAGE_LOG_EVERY`` while it lasts) and one when it ends.
         """
         try:
-            result = await asyncio.to_thread(fn, *args, **kwargs)
+            result = await self._store.call(fn, *args, **kwargs)
         except SQLAlchemyError as err:
             if not unavailable(err):
                 raise  # a bug, or a duplicate written by an earlier attempt still running: retried all the same

@@ -7,7 +7,6 @@ and failed per attempt, skipped), once per row as in ``activities.registry``.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +31,7 @@ class RetentionActivities:
 
     @activity.defn(name=Activity.LIST_RETENTION_TARGETS)
     async def list_retention_targets(self, input: ListRetentionTargetsInput) -> list[RetentionTarget]:
-        rows = await asyncio.to_thread(self._store.list_retention_targets, input.org, input.app)
+        rows = await self._store.call(self._store.list_retention_targets, input.org, input.app)
         return [
             RetentionTarget(app.org, app.name, gc_time_threshold=app.gc_time_threshold,
                             gc_rows_threshold=app.gc_rows_threshold, global_timeout=app.global_timeout,
@@ -42,7 +41,7 @@ class RetentionActivities:
 
     @activity.defn(name=Activity.SELECT_RETENTION_EXECUTOR)
     async def select_retention_executor(self, input: SelectRetentionExecutorInput) -> Candidate | None:
-        found = await asyncio.to_thread(
+        found = await self._store.call(
             self._store.select_retention_executor, org=input.org, app=input.app, exclude=input.exclude,
             latest=input.latest,
         )
@@ -51,7 +50,7 @@ class RetentionActivities:
     @activity.defn(name=Activity.WRITE_RETENTION_AUDIT)
     async def write_retention_audit(self, input: WriteRetentionAuditInput) -> None:
         outcome = _OUTCOMES.get(input.operation)
-        written = await asyncio.to_thread(
+        written = await self._store.call(
             self._store.write_retention_audit,
             org=input.org, app=input.app, operation=input.operation, event_key=input.event_key,
             status=input.status, executor_id=input.executor_id, details=audit_details(input),

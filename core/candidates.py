@@ -16,7 +16,7 @@ from typing import Protocol, TypeVar
 
 
 class Peer(Protocol):
-    """What selection reads of an executor."""
+    """What choosing a recovery's peer reads of an executor."""
 
     @property
     def executor_id(self) -> str: ...
@@ -24,11 +24,16 @@ class Peer(Protocol):
     @property
     def app_version(self) -> str: ...
 
+
+class Registered(Peer, Protocol):
+    """What choosing a retention round's executor reads of one, too."""
+
     @property
     def created_at(self) -> datetime: ...
 
 
 PeerT = TypeVar("PeerT", bound=Peer)
+RegisteredT = TypeVar("RegisteredT", bound=Registered)
 
 
 def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Collection[str] = (),
@@ -59,13 +64,15 @@ def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Col
         return None
     load = Counter(peer for dead, peer in (claims or {}).items() if dead != dead_executor_id)
     done = carried or {}
-    least = min((load[peer.executor_id], done.get(peer.executor_id, 0)) for peer in chosen)
-    tied = [peer for peer in chosen if (load[peer.executor_id], done.get(peer.executor_id, 0)) == least]
+    # One pass, with dict.get (a Counter's missing key goes through __missing__): an app may have thousands of peers.
+    keyed = [((load.get(peer.executor_id, 0), done.get(peer.executor_id, 0)), peer) for peer in chosen]
+    least = min(key for key, _ in keyed)
+    tied = [peer for key, peer in keyed if key == least]
     return (rng or random).choice(tied), cross_version
 
 
-def select_retention_executor(healthy: Sequence[PeerT], *, exclude: Collection[str] = (),
-                              latest: str | None = None) -> PeerT | None:
+def select_retention_executor(healthy: Sequence[RegisteredT], *, exclude: Collection[str] = (),
+                              latest: str | None = None) -> RegisteredT | None:
     """The executor to run an app's retention round: newest application version first; None when none is left.
 
     ``latest`` is the latest version as the app's SDK reports it (``list_application_versions``): its executors

@@ -90,14 +90,16 @@ class Decision:
 
 
 def storm_size(now: datetime, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket],
-               policy: GatePolicy) -> tuple[int, int]:
-    """``(down, population)``: the executors gone down within the window, and the app's executors then."""
+               policy: GatePolicy, *, healthy_left_out: int = 0) -> tuple[int, int]:
+    """``(down, population)``: the executors gone down within the window, and the app's executors then.
+
+    ``healthy_left_out``: HEALTHY executors without a ticket that ``registry`` leaves out (they only count)."""
     since = now - policy.window
     recent = {i for i, t in tickets.items() if t.died_at >= since}
     down = {i for i in recent if not tickets[i].paused}
     down |= {i for i, row in registry.items()
              if row.status in DOWN and row.updated_at >= since and not (i in recent and tickets[i].paused)}
-    return len(down), len(set(registry) | recent)
+    return len(down), len(set(registry) | recent) + healthy_left_out
 
 
 def tripping(down: int, population: int, policy: GatePolicy) -> bool:
@@ -117,7 +119,7 @@ def storm_over(now: datetime, executor_id: str, registry: Mapping[str, Registere
 
 def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, breaker: Breaker,
           pause_until: datetime | None, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket],
-          policy: GatePolicy) -> tuple[Ticket, Decision]:
+          policy: GatePolicy, healthy_left_out: int = 0) -> tuple[Ticket, Decision]:
     """Decide for ``executor_id``'s death ``key`` at ``now``. Updates ``breaker`` in place; returns the ticket to
     store (new when ``ticket`` is None or about an earlier death) and the decision.
 
@@ -125,8 +127,9 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
         ticket: the executor's stored ticket, if any.
         breaker: the app's gate.
         pause_until: the app's pause, if any (expired or not).
-        registry: the app's executors by id.
+        registry: the app's executors by id: at least every one not HEALTHY and every one with a ticket.
         tickets: every stored ticket of the app by id (``ticket`` among them).
+        healthy_left_out: how many of the app's executors ``registry`` leaves out (HEALTHY, without a ticket).
     """
     if ticket is None or ticket.key != key:
         ticket = Ticket(key=key, died_at=now)
@@ -142,7 +145,8 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
             breaker.tripped_at, reset = None, True
         if breaker.tripped_at is None and not ticket.paused:
             others = {i: t for i, t in tickets.items() if i != executor_id}
-            down, population = storm_size(now, registry, {**others, executor_id: ticket}, policy)
+            down, population = storm_size(now, registry, {**others, executor_id: ticket}, policy,
+                                          healthy_left_out=healthy_left_out)
             if tripping(down, population, policy):
                 breaker.tripped_at, breaker.trips, tripped = now, breaker.trips + 1, True
                 storm = {"down": down, "population": population}

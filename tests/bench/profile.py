@@ -4,6 +4,8 @@
     python -m tests.bench.profile cpu-heartbeat [N] [RATE] [SECONDS]
                                                         py-spy on the gateway while N sockets ping at RATE/s
     python -m tests.bench.profile cpu-storm [N]         py-spy on the gateway and the worker during a storm of N
+    python -m tests.bench.profile cpu-burst [N] [K]     py-spy on the worker while K of N executors close at once
+                                                        (grace 3 s): their deaths and recoveries (P4 burst)
 
 py-spy is not a dependency: install it anywhere (``pip install --target /tmp/pyspy py-spy``) and point
 ``PY_SPY`` at the binary, or have it on PATH. Reports go to stdout and ``.relay-bench/profile/``.
@@ -222,6 +224,27 @@ def cpu_storm(n: int) -> None:
     _emit(folder / "report.txt", report)
 
 
+def cpu_burst(n: int, k: int) -> None:
+    folder = OUT / "cpu-burst"
+    folder.mkdir(parents=True, exist_ok=True)
+    stack = start_stack("profile-burst")
+    gen = Generator("loadgen-profile", stack.data_dir)
+    try:
+        stack.put_app(APP, executorTimeoutSecs=3)
+        gen.call("connect", url=stack.executor_url(APP), prefix="burst-", count=n, concurrency=100, timeout=300)
+        stack.wait_healthy(APP, n, timeout=300)
+        time.sleep(5)  # the connect storm's tail settled
+        seconds = 15
+        recorder = _record(stack.worker.pid, seconds, folder / "worker.txt")
+        time.sleep(0.5)
+        gen.call("close", prefix="burst-", start=0, count=k, mode="close", spread=0.0)
+        recorder.wait()
+    finally:
+        gen.stop()
+        stack.stop()
+    _emit(folder / "report.txt", _summarize(folder / "worker.txt", f"worker while {k} of {n} die at once"))
+
+
 def _emit(path: Path, lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     path.write_text(text)
@@ -238,5 +261,7 @@ if __name__ == "__main__":
                       args[2] if len(args) > 2 else 20)
     elif what == "cpu-storm":
         cpu_storm(int(args[0]) if args else 1000)
+    elif what == "cpu-burst":
+        cpu_burst(int(args[0]) if args else 1000, int(args[1]) if len(args) > 1 else 100)
     else:
         sys.exit(__doc__)

@@ -428,3 +428,17 @@ def test_an_executor_back_before_its_recovery_leaves_the_gate(store: Store) -> N
     assert store.recovery_state(ORG, APP)[2] == []
     with Session(store.engine) as s:
         assert [t.executor_id for t in s.exec(select(RecoveryTicket)).all()] == ["went"]
+
+
+@pytest.mark.parametrize(("dead", "trips"), [(14, 0), (15, 1)])
+def test_the_store_counts_the_healthy_it_does_not_load(store: Store, dead: int, trips: int) -> None:
+    """The admission reads only the executors that are down or hold a ticket, and the rest as a count: the storm
+    share is still taken of the whole app (30 executors here, a share of 0.5)."""
+    for n in range(30):
+        _record(store, f"e{n}")
+    for n in range(dead):
+        _record(store, f"e{n}", ExecutorStatus.DEAD)
+    now = datetime.now(UTC)
+    for n in range(dead):
+        store.admit_recovery(org=ORG, app=APP, executor_id=f"e{n}", ticket="t", now=now, policy=POLICY)
+    assert len(_audits(store, "app.recovery.breaker_tripped")) == trips
