@@ -42,7 +42,6 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
         gateway = Gateway(settings=settings, store=store, client=client)
         app.state.store = store
         app.state.gateway = gateway
-        # Registered first, so it is recorded retired last: after its sockets are closed and its worker stopped.
         async with (gateway.registered(), gateway.worker(),
                     revocation.watch(store=store, hub=gateway.hub, admission=gateway.admission),
                     gateway.contact().running(), gateway.watched()):
@@ -50,6 +49,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
             yield
             await gateway.close_all()
             await gateway.drain()
+            await gateway.retire()
         store.engine.dispose()
 
     app = FastAPI(

@@ -79,6 +79,7 @@ class Gateway:
         # Fenced, or found gone by its watch (``keep_watched``): its sockets are closed, and upgrades are refused
         # until it is watched again and no longer recorded gone.
         self.rejoining = False
+        self._left = 0  # times its watch found it gone (``_leave``)
         self._background: set[asyncio.Task[None]] = set()
         self._lanes = SignalLanes()
         self.contact_state = ContactState(fence_after=settings.gateway_fence)
@@ -97,21 +98,18 @@ class Gateway:
     async def registered(self) -> AsyncIterator[None]:
         """Serve under this process's identity for the block: the identity's lock (one process per identity on a
         host), this task queue recorded, and every earlier process of the identity recorded gone (it crashed: the
-        fence will not wait on it). On the way out, after the sockets are closed, this process is recorded gone
-        too (retired)."""
+        fence will not wait on it)."""
         with _identity_lock(self.settings.data_dir, self.identity):
             earlier = await asyncio.to_thread(self.store.gateways.register, self.task_queue, self.identity)
             if earlier:
                 log.info("gateway %s succeeds %s under the same identity: known gone, never probed again",
                          self.task_queue, ", ".join(earlier))
-            try:
-                yield
-            finally:
-                await self.retire()
+            yield
 
     async def retire(self) -> None:
-        """Record this process gone: it holds no socket and takes no new one. Best effort: if the database is away,
-        its watch finds it gone a heartbeat timeout later, as for a crash."""
+        """Record this process gone, once its sockets are closed and no upgrade can come in, and before its worker
+        stops (the hold its watch waits on ends then, and the watch must find it retired, not probe it). Best
+        effort: if the database is away, its watch finds it gone a probe later, as for a crash."""
         try:
             await asyncio.to_thread(self.store.gateways.mark_gone, self.task_queue, gateways.RETIRED)
         except Exception as err:
@@ -139,6 +137,7 @@ class Gateway:
             await self.close_all(FENCE_CLOSE_CODE, FENCE_CLOSE_REASON)
         elif change is Change.REGAINED:
             self.spawn(self.reconcile())
+            self.spawn(self._rejoin_unless_gone())
 
     async def reconcile(self) -> None:
         """Make the registry agree with the sockets this process holds, after a time out of contact: each held
@@ -223,7 +222,23 @@ class Gateway:
             log.warning("gateway %s serves again%s", self.task_queue,
                         f" (it had been recorded gone: {gone})" if gone else "")
 
+    async def _rejoin_unless_gone(self) -> None:
+        """Back in contact after a fence: serve again at once, unless its watch recorded this process gone meanwhile
+        (then ``keep_watched`` clears the record, and serves again, once the new watch runs)."""
+        while self.rejoining and self.contact_state.in_contact:
+            left = self._left
+            try:
+                gone = await asyncio.to_thread(self.store.gateways.gone_reason, self.task_queue)
+            except Exception as err:  # the database away: the upgrades it would need fail anyway; look again
+                log.debug("could not read this gateway's record: %s", err)
+                await asyncio.sleep(WATCH_RECHECK.total_seconds())
+                continue
+            if gone is None and left == self._left:  # not found gone while it looked
+                self.rejoining = False
+            return
+
     async def _leave(self) -> None:
+        self._left += 1
         self.rejoining = True
         await self.close_all(FENCE_CLOSE_CODE, FOUND_GONE_REASON)
 

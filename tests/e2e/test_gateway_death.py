@@ -5,6 +5,8 @@ Temporal dev server, `relay worker` and `relay gateway`, separately."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from temporalio.api.enums.v1 import EventType
+from temporalio.client import WorkflowExecutionStatus
 
 from core.temporal import connect
 from tests.rawclient import RawClient
@@ -234,3 +237,52 @@ def _probes(address: str, workflow_id: str) -> list[str]:
                 and e.activity_task_scheduled_event_attributes.activity_type.name == Activity.PROBE_GATEWAY]
 
     return asyncio.run(probes())
+
+
+def _gateway_rows(data_dir: Path) -> list[tuple[str, str, str | None]]:
+    """(queue, identity, gone_reason or None) of every gateway process recorded, oldest first."""
+    with contextlib.closing(sqlite3.connect(data_dir / "relay.db", timeout=10)) as db:
+        return [(q, i, r if gone else None) for q, i, gone, r in db.execute(
+            "SELECT queue, identity, gone_at, gone_reason FROM gatewayprocess ORDER BY started_at")]
+
+
+def test_a_restarted_gateway_makes_its_predecessor_gone_and_a_stopped_one_retires(
+    cluster: tuple[dict[str, str], Process], tmp_path: Path
+) -> None:
+    """SIGKILLed and started again on the same port and data dir (the same identity): the new process records the
+    old one gone at once. Then SIGTERM: it records itself retired, and its watch ends without probing it."""
+    env, _worker = cluster
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
+                         text=True, timeout=60).stdout.strip()
+    first = _gateway(env, tmp_path, key, "gateway-1.log")
+    try:
+        [(first_queue, identity, gone)] = _gateway_rows(tmp_path)
+        assert gone is None and f":{env['RELAY_PORT']}:" in identity
+        first.process.kill()
+    finally:
+        first.process.stop()
+
+    second = _gateway(env, tmp_path, key, "gateway-2.log")
+    try:
+        rows = _gateway_rows(tmp_path)
+        assert [(q, i) for q, i, _ in rows][0] == (first_queue, identity) and len(rows) == 2, rows
+        (_, _, first_gone), (second_queue, second_identity, second_gone) = rows
+        assert first_gone is not None and first_gone.startswith("restarted") and second_queue in first_gone
+        assert (second_identity, second_gone) == (identity, None)
+    finally:
+        assert second.process.stop() == 0, second.process.output()[-2000:]
+    assert _gateway_rows(tmp_path)[1][2] == "retired"
+
+    watch = gateway_workflow_id(second_queue)
+    wait_until(lambda: _watch_ended(env["RELAY_TEMPORAL_ADDRESS"], watch), timeout=HEARTBEAT_TIMEOUT + 10,
+               what="the retired gateway's watch ended")
+    assert _probes(env["RELAY_TEMPORAL_ADDRESS"], watch) == [], "the watch probed a gateway known retired"
+
+
+def _watch_ended(address: str, workflow_id: str) -> bool:
+    async def ended() -> bool:
+        client = await connect(address, "default")
+        description = await client.get_workflow_handle(workflow_id).describe()
+        return description.status is not None and description.status != WorkflowExecutionStatus.RUNNING
+
+    return asyncio.run(ended())
