@@ -6,6 +6,8 @@ are stored as ``timedelta`` (SQLAlchemy ``Interval``), never as raw seconds or m
 
 from __future__ import annotations
 
+import sqlite3
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -219,9 +221,9 @@ def make_engine(url: str, database: DatabaseSettings | None = None) -> Engine:
         @event.listens_for(engine, "connect")
         def _pragmas(conn: Any, _record: Any) -> None:
             cur = conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute("PRAGMA synchronous=NORMAL")
             cur.execute("PRAGMA busy_timeout=30000")
+            _wal(cur)
+            cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
     else:
         db = database or DatabaseSettings()
@@ -237,6 +239,23 @@ def make_engine(url: str, database: DatabaseSettings | None = None) -> Engine:
                                pool_timeout=db.pool_timeout_secs, connect_args=args)
     migrations.upgrade(engine)
     return engine
+
+
+# Turning a new database to WAL needs it to itself, and SQLite answers "database is locked" at once rather than
+# through the busy timeout: processes (or threads) opening a new database together retry for this long.
+WAL_SWITCH_WAIT = timedelta(seconds=10)
+
+
+def _wal(cur: Any) -> None:
+    deadline = time.monotonic() + WAL_SWITCH_WAIT.total_seconds()
+    while True:
+        try:
+            cur.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 class AlertingRule(SQLModel, table=True):
