@@ -26,17 +26,16 @@ from __future__ import annotations
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_outages import Cluster, Gateway
+from tests.e2e.test_outages import Cluster, Gateway, cluster, peers, proxies  # noqa: F401 — the fixtures
 from tests.faults import (
     Cut,
     LoadBalancer,
     Observed,
     RegistryRow,
+    TcpProxy,
     frozen,
     registry_rows,
     report,
@@ -62,41 +61,10 @@ DEAD_WITHIN = 45.0
 CANCELLED_WITHIN = 10.0  # from the reconnect: the wait in the recovery path wakes on the `connected` signal
 
 
-@pytest.fixture
-def load_balancers() -> Iterator[list[LoadBalancer]]:
-    """Closed after the cluster stops (``cluster`` asks for this fixture, so it is torn down later)."""
-    started: list[LoadBalancer] = []
-    try:
-        yield started
-    finally:
-        for lb in started:
-            lb.stop()
-
-
-@pytest.fixture
-def cluster(load_balancers: list[LoadBalancer], tmp_path: Path) -> Iterator[Cluster]:
-    started = Cluster(tmp_path)
-    try:
-        started.start()
-        yield started
-    finally:
-        started.stop()
-
-
-@pytest.fixture
-def peers() -> Iterator[list[RawPeer]]:
-    started: list[RawPeer] = []
-    try:
-        yield started
-    finally:
-        for peer in started:
-            peer.stop()
-
-
-def _steered(load_balancers: list[LoadBalancer], a: Gateway, b: Gateway) -> LoadBalancer:
+def _steered(started: list[TcpProxy], a: Gateway, b: Gateway) -> LoadBalancer:
     """x1's way in: to A only, until the test says otherwise."""
     lb = LoadBalancer(a.port, b.port, name="x1-lb")
-    load_balancers.append(lb)
+    started.append(lb)  # the proxies fixture closes it after the cluster stops
     lb.mark_down(1)
     return lb
 
@@ -108,28 +76,28 @@ def _let_through_to_b(lb: LoadBalancer) -> None:
     lb.restore()  # after the marks: the proxy's loop runs them in order
 
 
-def _start_dbos(cluster: Cluster, app: str, name: str, ws_url: str, started: list[Process],
+def _start_dbos(run: Cluster, app: str, name: str, ws_url: str, started: list[Process],
                 **extra: str) -> tuple[Process, str]:
     """A real executor; its id (the SDK makes one up at each launch under a conductor) read from the registry once
     it is HEALTHY. One at a time: two executors migrating a new SQLite system database at once can crash one."""
-    known = set(registry_rows(cluster.tmp, app))
-    process = dbos_executor(ws_url, cluster.key, app, cluster.tmp / "sys.sqlite", cluster.tmp / f"dbos-{name}.log",
-                            STEP_LOG=str(cluster.tmp / "steps"), **extra)
+    known = set(registry_rows(run.tmp, app))
+    process = dbos_executor(ws_url, run.key, app, run.tmp / "sys.sqlite", run.tmp / f"dbos-{name}.log",
+                            STEP_LOG=str(run.tmp / "steps"), **extra)
     started.append(process)
-    wait_until(lambda: set(registry_rows(cluster.tmp, app)) - known, timeout=60, what=f"{name} connected")
-    [executor_id] = set(registry_rows(cluster.tmp, app)) - known
-    cluster.wait_healthy(app, executor_id)
+    wait_until(lambda: set(registry_rows(run.tmp, app)) - known, timeout=60, what=f"{name} connected")
+    [executor_id] = set(registry_rows(run.tmp, app)) - known
+    run.wait_healthy(app, executor_id)
     return process, executor_id
 
 
-def _ops(cluster: Cluster, app: str, executor_id: str) -> list[str]:
-    return [r.operation for r in audit_rows(cluster.tmp, app, executor_id)]
+def _ops(run: Cluster, app: str, executor_id: str) -> list[str]:
+    return [r.operation for r in audit_rows(run.tmp, app, executor_id)]
 
 
-def _dead_and(cluster: Cluster, app: str, executor_id: str, operation: str) -> bool:
+def _dead_and(run: Cluster, app: str, executor_id: str, operation: str) -> bool:
     """DEAD in the registry, and its recovery waiting with ``operation`` written."""
-    row = registry_rows(cluster.tmp, app).get(executor_id)
-    return row is not None and row.status == "DEAD" and operation in _ops(cluster, app, executor_id)
+    row = registry_rows(run.tmp, app).get(executor_id)
+    return row is not None and row.status == "DEAD" and operation in _ops(run, app, executor_id)
 
 
 def _timeline(title: str, frozen_at: float, rows: list[AuditRow], marks: dict[str, float]) -> str:
@@ -184,7 +152,7 @@ def _gate_waiting(gateway: Gateway, app: str) -> list[str]:
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 def test_back_through_another_gateway_while_its_recovery_is_paused(
-    cluster: Cluster, load_balancers: list[LoadBalancer]
+    proxies: list[TcpProxy], cluster: Cluster  # noqa: F811 — the fixtures
 ) -> None:
     """Gateway A frozen with x1 (a real executor, mid-workflow) on it; x1 kept away until DEAD and its recovery
     held by an operator's pause; x1 back through B while held. The recovery is called off before any request goes
@@ -196,7 +164,7 @@ def test_back_through_another_gateway_while_its_recovery_is_paused(
     a, b, app = cluster.start_gateway("gateway-a"), cluster.start_gateway("gateway-b"), "revival"
     home = cluster.start_gateway("gateway-c")
     cluster.register(b, app)
-    lb = _steered(load_balancers, a, b)
+    lb = _steered(proxies, a, b)
     go, steps = cluster.tmp / "go", cluster.tmp / "steps"
     executors: list[Process] = []
     findings: list[str] = []
@@ -274,7 +242,7 @@ def test_back_through_another_gateway_while_its_recovery_is_paused(
 @pytest.mark.e2e
 @pytest.mark.timeout(240)
 def test_back_through_another_gateway_while_blocked_for_a_peer(
-    cluster: Cluster, load_balancers: list[LoadBalancer], peers: list[RawPeer]
+    proxies: list[TcpProxy], cluster: Cluster, peers: list[RawPeer]  # noqa: F811 — the fixtures
 ) -> None:
     """The same freeze of A, x1 a protocol-level peer; its recovery blocked: the only HEALTHY executor of the app
     is of another version. x1 back through B calls the recovery off; a peer of its version connecting afterwards
@@ -282,7 +250,7 @@ def test_back_through_another_gateway_while_blocked_for_a_peer(
     a, b, app, key = cluster.start_gateway("gateway-a"), cluster.start_gateway("gateway-b"), "blocked", cluster.key
     c = cluster.start_gateway("gateway-c")
     cluster.register(b, app)
-    lb = _steered(load_balancers, a, b)
+    lb = _steered(proxies, a, b)
     x1 = RawPeer(lb.ws_url, app, key, "x1")
     peers.append(x1)
     cluster.wait_healthy(app, "x1")
