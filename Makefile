@@ -22,11 +22,17 @@ run: $(STAMP)
 # Debian's postgresql: the database-outage tests run a private cluster (initdb, postgres) and stop it mid-test.
 # Debian's chromium: tests/e2e/test_browser.py looks at /docs and the Temporal UI in it, headless (nothing else is
 # downloaded: it is driven over the DevTools protocol by tests/browser.py).
+# Debian's haproxy and openssl: the shipped load-balancer configuration is checked and run in front of two gateways,
+# and a TLS-terminating proxy with a private CA stands in for a secured Temporal.
 system-deps:
 	@ls /usr/lib/*/faketime/libfaketime.so.1 >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get install -y -q faketime || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q faketime; }; }
 	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get install -y -q postgresql || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q postgresql; }; }
+	@[ -x /usr/sbin/haproxy ] || \
+	  { $(SUDO) apt-get install -y -q haproxy || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q haproxy; }; }
+	@[ -x /usr/bin/openssl ] || \
+	  { $(SUDO) apt-get install -y -q openssl || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q openssl; }; }
 	@[ -x /usr/bin/chromium ] || \
 	  { $(SUDO) apt-get install -y -q chromium || { $(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium; }; }
 

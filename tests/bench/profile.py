@@ -6,6 +6,8 @@
     python -m tests.bench.profile cpu-storm [N]         py-spy on the gateway and the worker during a storm of N
     python -m tests.bench.profile cpu-burst [N] [K]     py-spy on the worker while K of N executors close at once
                                                         (grace 3 s): their deaths and recoveries (P4 burst)
+    python -m tests.bench.profile bursts [N] [K] [R]    no profiler: R bursts of K of N executors, one stack, and
+                                                        P4's lateness figures for each (to compare changes quickly)
 
 py-spy is not a dependency: install it anywhere (``pip install --target /tmp/pyspy py-spy``) and point
 ``PY_SPY`` at the binary, or have it on PATH. Reports go to stdout and ``.relay-bench/profile/``.
@@ -245,6 +247,28 @@ def cpu_burst(n: int, k: int) -> None:
     _emit(folder / "report.txt", _summarize(folder / "worker.txt", f"worker while {k} of {n} die at once"))
 
 
+def bursts(n: int, k: int, rounds: int) -> None:
+    from tests.bench import bench_storm
+
+    stack = start_stack("profile-bursts")
+    gen = Generator("loadgen-profile", stack.data_dir)
+    try:
+        stack.put_app(bench_storm.P3_APP, executorTimeoutSecs=bench_storm.P4_GRACE)
+        gen.call("connect", url=stack.executor_url(bench_storm.P3_APP), prefix="storm-", count=n, concurrency=100,
+                 timeout=300)
+        stack.wait_healthy(bench_storm.P3_APP, n, timeout=300)
+        time.sleep(5)
+        for r in range(rounds):
+            m = bench_storm._p4(stack, gen, r * k, k, 0.0)
+            log(f"burst {r + 1}: DISCONNECTED - close p50 {m['disconnected_p50_s']:.3f} p99 "
+                f"{m['disconnected_p99_s']:.3f}; DEAD - DISCONNECTED - grace p50 {m['dead_p50_s']:.3f} "
+                f"p99 {m['dead_p99_s']:.3f}; {m['recovered']} recovered, recovery p99 {m['recovery_p99_s']:.3f}")
+            time.sleep(3)
+    finally:
+        gen.stop()
+        stack.stop()
+
+
 def _emit(path: Path, lines: list[str]) -> None:
     text = "\n".join(lines) + "\n"
     path.write_text(text)
@@ -261,6 +285,9 @@ if __name__ == "__main__":
                       args[2] if len(args) > 2 else 20)
     elif what == "cpu-storm":
         cpu_storm(int(args[0]) if args else 1000)
+    elif what == "bursts":
+        bursts(int(args[0]) if args else 1000, int(args[1]) if len(args) > 1 else 100,
+               int(args[2]) if len(args) > 2 else 3)
     elif what == "cpu-burst":
         cpu_burst(int(args[0]) if args else 1000, int(args[1]) if len(args) > 1 else 100)
     else:
