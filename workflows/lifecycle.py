@@ -109,6 +109,13 @@ REVIVAL_PATCH = "look-again-before-request"
 # From this patch on, a gateway known gone (``core.gateways``: its watch found it gone, it retired, or a successor
 # started under its identity) is not probed: it holds no socket, and the probe could only time out.
 KNOWN_GONE_PATCH = "known-gone-gateways"
+# From this patch on, a run asks ``workflow.patched`` once, for this, instead of once for each of the patches above
+# (``PATCHES_IN_GENERATION_1``): each first call in a new run writes a marker and upserts ``TemporalChangeVersion``
+# (a visibility write), four of each between the grace's end and DEAD, for an answer that is always "patched" in a
+# new run. A run with this marker has them all; one without (started before it) asks for each as it did, so its
+# history replays unchanged. A later patch is asked for itself until a next generation lists it.
+GENERATION_1_PATCH = "lifecycle-generation-1"
+PATCHES_IN_GENERATION_1 = frozenset({LOCAL_DB_PATCH, FENCE_PATCH, GATE_PATCH, REVIVAL_PATCH, KNOWN_GONE_PATCH})
 
 
 @workflow.defn
@@ -123,6 +130,7 @@ class ExecutorLifecycleWorkflow:
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
+        self._generation_1 = False  # set first thing in run()
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -173,6 +181,7 @@ class ExecutorLifecycleWorkflow:
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
+        self._generation_1 = workflow.patched(GENERATION_1_PATCH)
         try:
             if input.orphan is not None and input.state is None:
                 # Started by the orphan sweep (a first run only: a continued run carries its state). With
@@ -197,7 +206,7 @@ class ExecutorLifecycleWorkflow:
                     self._state.unrecorded = None
                     await self._record_healthy(target)
                 elif await self._grace_expired():
-                    if workflow.patched(FENCE_PATCH) and not await self._confirm_gone():
+                    if self._patched(FENCE_PATCH) and not await self._confirm_gone():
                         continue
                     await self._record(ExecutorStatus.DEAD, "executor.dead", details={})
                     result = await self._recover_and_finish()
@@ -354,7 +363,7 @@ class ExecutorLifecycleWorkflow:
         if self._back():
             return False  # a `connected` came with the timer
         reply = await self._probe()
-        if workflow.patched(REVIVAL_PATCH) and self._back():
+        if self._patched(REVIVAL_PATCH) and self._back():
             return False  # a `connected` landed while the probe was out: newer than whatever the probe says
         if reply is None:
             return True
@@ -382,14 +391,14 @@ class ExecutorLifecycleWorkflow:
         i, queue = self._input, self._state.gateway_queue
         if not queue:
             return None
-        if workflow.patched(KNOWN_GONE_PATCH) and (await self._db(gateway_gone, GatewayGoneInput(queue))).gone:
+        if self._patched(KNOWN_GONE_PATCH) and (await self._db(gateway_gone, GatewayGoneInput(queue))).gone:
             return None
         return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id), timeout=i.probe_timeout)
 
     async def _still_gone(self) -> bool:
         """Right before a recovery request goes out: False (and recovery called off) when the executor is back."""
         state = self._state
-        revival = workflow.patched(REVIVAL_PATCH)
+        revival = self._patched(REVIVAL_PATCH)
         if not (self._back() if revival else state.connection is not None):
             reply = await self._probe()
             if not (revival and self._back()):  # a `connected` that landed meanwhile outranks the probe's answer
@@ -439,9 +448,9 @@ class ExecutorLifecycleWorkflow:
         failed: list[str] = []
         attempt = 0
         blocked = False
-        fenced = workflow.patched(FENCE_PATCH)
-        admitted = not workflow.patched(GATE_PATCH)
-        revival = fenced and workflow.patched(REVIVAL_PATCH)
+        fenced = self._patched(FENCE_PATCH)
+        admitted = not self._patched(GATE_PATCH)
+        revival = fenced and self._patched(REVIVAL_PATCH)
         back = self._back if revival else lambda: fenced and self._state.connection is not None
         while True:
             if self._should_continue_as_new():
@@ -631,11 +640,15 @@ class ExecutorLifecycleWorkflow:
 
     async def _db(self, activity: Callable[[A], Awaitable[T]], arg: A) -> T:
         """A database activity (registry, audit, candidate selection): local since ``LOCAL_DB_PATCH``."""
-        if workflow.patched(LOCAL_DB_PATCH):
+        if self._patched(LOCAL_DB_PATCH):
             return await workflow.execute_local_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
                                                          retry_policy=DB_RETRY)
         return await workflow.execute_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
                                                retry_policy=DB_RETRY)
+
+    def _patched(self, patch_id: str) -> bool:
+        """``workflow.patched``, unless the run's generation already says (``GENERATION_1_PATCH``)."""
+        return (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id)
 
     def _describe(self, note: str) -> None:
         """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""
