@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
@@ -70,8 +70,15 @@ class RegistryActivities:
         BENIGN: the SDK logs such a failure at DEBUG, not a traceback per attempt per workflow; this class logs
         one line when the outage starts (and every ``OUTAGE_LOG_EVERY`` while it lasts) and one when it ends.
         """
+        return await self._guarded(self._store.call(fn, *args, **kwargs))
+
+    async def _call_first(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``_call``, ahead of the others waiting for SQLite (``Store.call_first``): what decides a status."""
+        return await self._guarded(self._store.call_first(fn, *args, **kwargs))
+
+    async def _guarded(self, call: Awaitable[T]) -> T:
         try:
-            result = await self._store.call(fn, *args, **kwargs)
+            result = await call
         except SQLAlchemyError as err:
             if not unavailable(err):
                 raise  # a bug, or a duplicate written by an earlier attempt still running: retried all the same
@@ -96,7 +103,7 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.RECORD_STATUS)
     async def record_status(self, input: RecordStatusInput) -> None:
-        written = await self._call(
+        written = await self._call_first(
             self._store.record_status,
             org=input.org, app=input.app, executor_id=input.executor_id,
             status=input.status, operation=input.operation, event_key=input.event_key,
@@ -123,7 +130,7 @@ class RegistryActivities:
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
         """The app's grace, read when a grace starts; None when the app no longer exists."""
         try:
-            app = await self._call(self._store.get_app, input.org, input.app)
+            app = await self._call_first(self._store.get_app, input.org, input.app)
         except NotFoundError:
             return None
         return app.executor_timeout
@@ -190,7 +197,7 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.GATEWAY_GONE)
     async def gateway_gone(self, input: GatewayGoneInput) -> GatewayGoneReply:
-        reason = await self._call(self._store.gateways.gone_reason, input.gateway_queue)
+        reason = await self._call_first(self._store.gateways.gone_reason, input.gateway_queue)
         return GatewayGoneReply(gone=reason is not None, reason=reason or "")
 
     def all(self) -> list[Callable[..., Any]]:

@@ -10,10 +10,13 @@ import contextvars
 import functools
 import hashlib
 import hmac
+import itertools
+import queue
 import secrets
+import threading
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -118,6 +121,37 @@ class AppAccess:
     candidates: Candidates | None = None
 
 
+class _SerialThread:
+    """One thread that runs what it is given one call at a time, in order, except that a call submitted ``first``
+    goes ahead of every call not ``first`` still waiting. Started on first use; a daemon (it holds no state)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._queue: queue.PriorityQueue[tuple[int, int, Callable[[], Any], Future[Any]]] = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, work: Callable[[], T], *, first: bool = False) -> Future[T]:
+        future: Future[T] = Future()
+        self._queue.put((0 if first else 1, next(self._order), work, future))
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        return future
+
+    def _run(self) -> None:
+        while True:
+            _, _, work, future = self._queue.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except BaseException as err:  # handed to the caller, as a ThreadPoolExecutor does
+                future.set_exception(err)
+
+
 class Store:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -126,16 +160,23 @@ class Store:
         # SQLite's busy handler (a burst of 100 deaths: 6 threads took longer than 1, with a p99 of 0.9 s per
         # death instead of 72 ms). So async callers of a SQLite store go through one thread; PostgreSQL's through
         # the event loop's pool.
-        self._serial = ThreadPoolExecutor(1, thread_name_prefix="relay-sqlite") \
-            if engine.dialect.name == "sqlite" else None
+        self._serial = _SerialThread("relay-sqlite") if engine.dialect.name == "sqlite" else None
 
     async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn`` (one of this store's methods) off the event loop: what every async caller does."""
+        return await self._call(False, functools.partial(fn, *args, **kwargs))
+
+    async def call_first(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``call``, ahead of every ``call`` waiting for SQLite's thread: for the writes and reads that decide an
+        executor's status (DISCONNECTED, DEAD), which a burst of deaths would otherwise queue behind the
+        recoveries of the deaths before them."""
+        return await self._call(True, functools.partial(fn, *args, **kwargs))
+
+    async def _call(self, first: bool, work: Callable[[], T]) -> T:
         if self._serial is None:
-            return await asyncio.to_thread(fn, *args, **kwargs)
-        context = contextvars.copy_context()
-        return await asyncio.get_running_loop().run_in_executor(
-            self._serial, functools.partial(context.run, fn, *args, **kwargs))
+            return await asyncio.to_thread(work)
+        return await asyncio.wrap_future(self._serial.submit(functools.partial(contextvars.copy_context().run, work),
+                                                             first=first))
 
     def ping(self) -> None:
         """One round trip (``SELECT 1``) on a pooled connection; raises while the database is unreachable (see

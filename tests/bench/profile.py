@@ -26,6 +26,7 @@ import time
 import tracemalloc
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from tests.bench.common import (
     BENCH_DIR,
@@ -33,6 +34,7 @@ from tests.bench.common import (
     Generator,
     Stack,
     log,
+    percentile,
     raise_nofile,
     settled_rss,
     start_stack,
@@ -263,10 +265,64 @@ def bursts(n: int, k: int, rounds: int) -> None:
             log(f"burst {r + 1}: DISCONNECTED - close p50 {m['disconnected_p50_s']:.3f} p99 "
                 f"{m['disconnected_p99_s']:.3f}; DEAD - DISCONNECTED - grace p50 {m['dead_p50_s']:.3f} "
                 f"p99 {m['dead_p99_s']:.3f}; {m['recovered']} recovered, recovery p99 {m['recovery_p99_s']:.3f}")
+            _segments(stack, [f"storm-{i}" for i in range(r * k, (r + 1) * k)])
             time.sleep(3)
     finally:
         gen.stop()
         stack.stop()
+
+
+def _segments(stack: Stack, executors: list[str]) -> None:
+    """Where the time from the grace's timer to the DEAD row went, from the workflows' histories: the server's
+    timestamps of each step (a step's p50 and p99 over the burst, in seconds)."""
+    import asyncio
+    from collections import defaultdict
+
+    from temporalio.api.enums.v1 import EventType
+    from temporalio.client import Client
+
+    from tests.bench import bench_storm
+    from workflows.contracts.common import lifecycle_workflow_id
+
+    async def histories() -> list[Any]:
+        client = await Client.connect(stack.temporal_address)
+        return [await client.get_workflow_handle(lifecycle_workflow_id("local", bench_storm.P3_APP, e)).fetch_history()
+                for e in executors]
+
+    spans: dict[str, list[float]] = defaultdict(list)
+    timed_out = 0
+    audit = {(op, ex): t for op, ex, t in stack.audit(bench_storm.P3_APP, ["executor.disconnected", "executor.dead"])
+             if ex in executors}
+    for executor, history in zip(executors, asyncio.run(histories()), strict=True):
+        events = history.events
+        started = next((e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED), None)
+        fired_at = next((e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED), None)
+        if started and fired_at and ("executor.dead", executor) in audit:
+            t_started = started.event_time.ToDatetime().timestamp()
+            t_fired = fired_at.event_time.ToDatetime().timestamp()
+            spans["0a. DISCONNECTED row -> timer started"].append(t_started - audit["executor.disconnected", executor])
+            spans["0b. timer started -> fired, past the grace"].append(
+                t_fired - t_started - started.timer_started_event_attributes.start_to_fire_timeout.ToTimedelta()
+                .total_seconds())
+            spans["9. timer fired -> DEAD row"].append(audit["executor.dead", executor] - t_fired)
+        timed_out += sum(e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT for e in events)
+        fired = next((n for n, e in enumerate(events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED), None)
+        if fired is None:
+            continue
+        steps = [(e.event_type, e.event_time.ToDatetime().timestamp()) for e in events[fired:]]
+        names = {EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED: "wft scheduled",
+                 EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT: "wft timed out",
+                 EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED: "wft started",
+                 EventType.EVENT_TYPE_WORKFLOW_TASK_COMPLETED: "wft completed",
+                 EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED: "activity scheduled",
+                 EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED: "activity started",
+                 EventType.EVENT_TYPE_ACTIVITY_TASK_COMPLETED: "activity completed"}
+        path = [("timer fired", steps[0][1])] + [(names[t], at) for t, at in steps[1:] if t in names][:8]
+        for n, ((a, ta), (b, tb)) in enumerate(zip(path, path[1:], strict=False)):
+            spans[f"{n + 1}. {a} -> {b}"].append(tb - ta)
+    log(f"  workflow tasks timed out (a sticky queue not polled in time): {timed_out}")
+    for span, values in sorted(spans.items()):
+        log(f"  {span}: p50 {percentile(values, 50):.3f} p99 {percentile(values, 99):.3f} s")
 
 
 def _emit(path: Path, lines: list[str]) -> None:
