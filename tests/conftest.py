@@ -4,6 +4,7 @@ from __future__ import annotations
 
 # -- Temporal time-skipping environment and assert_eventually (used by test_lifecycle_workflow.py) -----------
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -46,13 +47,8 @@ def pytest_configure(config: pytest.Config) -> None:
     Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config)), error_if_already_set=False)
 
 
-@pytest.fixture(scope="session")
-async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """One time-skipping test server for the session, from the venv's binary (never downloaded).
-
-    Time only jumps while a test awaits a workflow result or calls ``env.sleep()``; otherwise it runs at wall
-    speed, so a test can send signals "before the grace" simply by not skipping.
-    """
+@contextlib.asynccontextmanager
+async def _time_skipping_server() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_time_skipping(
         test_server_existing_path=str(venv_binary("temporal-test-server")),
         data_converter=data_converter,
@@ -61,6 +57,20 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
         yield env
     finally:
         await env.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A time-skipping test server for the module, from the venv's binary (never downloaded).
+
+    Time only jumps while a test awaits a workflow result or calls ``env.sleep()``; otherwise it runs at wall
+    speed, so a test can send signals "before the grace" simply by not skipping. Each awaited result moves the
+    server's clock about ten years on (it skips to the finished run's retention): one server for the whole
+    session had reached the year 2176 by the gate's tests when they ran after the lifecycle's on one xdist worker,
+    and their grace timers then no longer fired. A server per module keeps every module's clock near today's.
+    """
+    async with _time_skipping_server() as env:
+        yield env
 
 
 async def assert_eventually(
