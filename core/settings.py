@@ -70,10 +70,16 @@ class Settings(BaseSettings):
     port: int = Field(default=8090, ge=0, le=65535)
     data_dir: Path = Path(".relay")
     database_url: str | None = None
+    # Temporal: where it is and which namespace, when set, win over the SDK's own TEMPORAL_* variables and
+    # profiles (``core.temporal.temporal_connection``), which carry the rest (TLS, API key). `relay dev` runs its
+    # embedded server unless RELAY_TEMPORAL_ADDRESS is set: a TEMPORAL_ADDRESS left in a shell never redirects it.
     temporal_address: str | None = None
     temporal_port: int = Field(default=7233, ge=1, le=65535)
     temporal_ui_port: int = Field(default=8233, ge=1, le=65535)
-    temporal_namespace: str = "default"
+    temporal_namespace: str | None = None
+    # How long a starting process keeps trying to reach an unreachable Temporal before it exits (a refused TLS
+    # handshake or a missing namespace ends it at once: waiting would not change them).
+    temporal_connect_timeout_secs: float = Field(default=60, gt=0)
     executor_ping_wait_secs: float = Field(default=25, gt=0)
     server_ping_interval_secs: float = Field(default=20, gt=0)
     retention_interval_secs: float = Field(default=300, gt=0)
@@ -159,7 +165,12 @@ class Settings(BaseSettings):
 
     @property
     def embedded_temporal(self) -> bool:
+        """`relay dev` starts its own Temporal: no RELAY_TEMPORAL_ADDRESS (whatever TEMPORAL_ADDRESS says)."""
         return self.temporal_address is None
+
+    @property
+    def temporal_connect_timeout(self) -> timedelta:
+        return units.seconds_to_timedelta(self.temporal_connect_timeout_secs)
 
     @property
     def temporal_metrics_address(self) -> str | None:

@@ -126,7 +126,8 @@ class Gateway:
         """The loop that checks Temporal; run it with ``contact().running()`` for the gateway's lifetime."""
         settings = self.settings
         return Contact(check=lambda: self.client.service_client.check_health(),
-                       on_change=self._on_contact_change, state=self.contact_state, target=settings.temporal_target,
+                       on_change=self._on_contact_change, state=self.contact_state,
+                       target=self.client.service_client.config.target_host,
                        every=settings.gateway_contact_check, timeout=settings.gateway_contact_check_timeout)
 
     async def _on_contact_change(self, change: Change) -> None:
