@@ -5,14 +5,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: run test test-sdk check lint openapi bench clean system-deps
+.PHONY: run test test-sdk check lint openapi bench clean system-deps lock
 
 $(PY):
 	python3 -m venv $(VENV)
 
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[dev,test]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -93,6 +93,19 @@ bench: $(STAMP)
 
 openapi: $(STAMP)
 	$(PY) -m api.openapi > api/spec/openapi.json
+
+# The image's dependencies (Dockerfile): requirements.lock holds every runtime package of relay[postgres], pinned
+# with hashes, for the image's interpreter and platform whatever this machine is (CPython 3.11, as the venv and
+# python:3.11-slim, on x86_64 glibc); requirements-build.lock holds the build backend that turns Relay into a wheel
+# there. uv is installed here for this alone: it is no dependency of Relay.
+LOCK_TARGET := --python-version 3.11 --python-platform x86_64-manylinux_2_28
+lock: | $(PY)
+	$(PY) -m pip install --quiet 'uv>=0.5'
+	$(VENV)/bin/uv pip compile --quiet --generate-hashes $(LOCK_TARGET) --custom-compile-command 'make lock' \
+	  --extra postgres pyproject.toml -o requirements.lock
+	$(PY) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" | \
+	  $(VENV)/bin/uv pip compile --quiet --generate-hashes $(LOCK_TARGET) --custom-compile-command 'make lock' \
+	  - -o requirements-build.lock
 
 clean:
 	rm -rf $(VENV) .relay
