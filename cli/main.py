@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 from cli import admin as admin_cli
 from cli import alerts as alerts_cli
+from cli import migrate as migrate_cli
 from cli import safety as safety_cli
+from cli import temporal_setup as temporal_setup_cli
 from cli import workflows as workflows_cli
 from core.errors import RelayError
 from core.logs import configure as configure_logging
@@ -52,6 +54,8 @@ def parser() -> argparse.ArgumentParser:
     workflows_cli.add_commands(sub)
     safety_cli.add_commands(sub)
     alerts_cli.add_commands(sub)
+    temporal_setup_cli.add_commands(sub)
+    migrate_cli.add_commands(sub)
     return p
 
 
