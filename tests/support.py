@@ -197,6 +197,14 @@ def healthy(url: str) -> bool:
         return False
 
 
+def ready(url: str, *, timeout: float = 2) -> bool:
+    """The gateway at ``url`` answers ``/readyz`` 200 (in contact with Temporal, its database answering)."""
+    try:
+        return httpx.get(f"{url}/readyz", timeout=timeout).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 @contextlib.contextmanager
 def play_executor(relay: Relay, app: str, executor_id: str, *, version: str = "v1",
                   metadata: dict[str, str] | None = None) -> Iterator[ClientConnection]:

@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support import (
@@ -24,6 +23,7 @@ from tests.support import (
     audit_rows,
     free_port,
     healthy,
+    ready,
     registry,
     relay_env,
     start_temporal,
@@ -67,18 +67,12 @@ def stack(tmp_path: Path) -> Iterator[tuple[Relay, list[Process], Path]]:
                   "GATEWAY_1": f"127.0.0.1:{ports[0]}", "GATEWAY_2": f"127.0.0.1:{ports[1]}"}
         processes.append(Process([str(HAPROXY), "-db", "-f", str(CONFIG)], env=lb_env, log=log))
         lb = Relay(processes[-1], f"http://127.0.0.1:{lb_port}", f"ws://127.0.0.1:{lb_port}/", key, tmp_path, env)
-        wait_until(lambda: _ready(lb.url), timeout=20, what="/readyz through HAProxy")
+        wait_until(lambda: ready(lb.url), timeout=20, what="/readyz through HAProxy")
         yield lb, gateways, log
     finally:
         for process in reversed(processes):
             process.stop()
 
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_executors_move_to_the_live_gateway_through_haproxy(stack: tuple[Relay, list[Process], Path]) -> None:

@@ -14,10 +14,9 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.support import Process, Relay, play_executor, relay_env, start_temporal, wait_until
+from tests.support import Process, Relay, play_executor, ready, relay_env, start_temporal, wait_until
 from tests.unit.test_image import ignored, requirements
 
 pytestmark = pytest.mark.e2e
@@ -98,7 +97,7 @@ def cluster(image_venv: Path, tmp_path: Path) -> Iterator[Relay]:
             processes.append(Process([str(image_venv / "relay"), command], env=env, log=tmp_path / f"{command}.log",
                                      cwd=tmp_path))
         try:
-            wait_until(lambda: _ready(url), timeout=60, what="gateway /readyz")
+            wait_until(lambda: ready(url), timeout=60, what="gateway /readyz")
         except AssertionError:
             raise AssertionError("\n".join(p.output()[-2000:] for p in processes)) from None
         key = subprocess.run([str(image_venv / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
@@ -108,12 +107,6 @@ def cluster(image_venv: Path, tmp_path: Path) -> Iterator[Relay]:
         for process in reversed(processes):
             process.stop()
 
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_gateway_and_worker_serve_from_the_image_venv(cluster: Relay) -> None:

@@ -22,6 +22,7 @@ from tests.support import (
     Process,
     dbos_executor,
     free_port,
+    ready,
     registry,
     relay_env,
     start_temporal,
@@ -132,12 +133,6 @@ def tls_env(secured: Secured, data_dir: Path, **overrides: str) -> dict[str, str
     return {k: v for k, v in env.items() if v}  # an override of "" unsets the variable
 
 
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/readyz", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
 
 def _secrets(pki: Pki) -> list[str]:
     """Lines of the private keys' bodies: none may appear in any output."""
@@ -156,7 +151,7 @@ def test_gateway_and_worker_start_through_mtls_and_recover_a_dbos_workflow(secur
     gateway = Process([relay, "gateway"], env=env, log=tmp_path / "gateway.log")
     executors: list[Process] = []
     try:
-        wait_until(lambda: _ready(url) or gateway.popen.poll() is not None, timeout=60, what="gateway ready")
+        wait_until(lambda: ready(url) or gateway.popen.poll() is not None, timeout=60, what="gateway ready")
         gateway_ready = time.monotonic() - started
         wait_until(lambda: "worker running" in worker.output() or worker.popen.poll() is not None, timeout=60,
                    what="worker running")
