@@ -19,6 +19,7 @@ from temporalio.client import (
     ScheduleUpdate,
     ScheduleUpdateInput,
 )
+from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.service import RPCError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
@@ -26,6 +27,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxR
 from activities.alerts import AlertActivities
 from activities.gate import GateActivities
 from activities.orphans import OrphanActivities
+from activities.reconcile import ReconcileActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
 from core.models import make_engine
@@ -36,10 +38,12 @@ from workflows.alerts import AlertsWorkflow
 from workflows.contracts.alerts import ALERTS_SCHEDULE_ID, AlertsInput
 from workflows.contracts.common import SHARED_TASK_QUEUE
 from workflows.contracts.orphans import ORPHANS_SCHEDULE_ID, OrphanSweepInput
+from workflows.contracts.reconcile import RECONCILE_SCHEDULE_ID, ReconcileInput
 from workflows.contracts.retention import RETENTION_SCHEDULE_ID, RetentionInput
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.orphans import OrphanSweepWorkflow
+from workflows.reconcile import ReconcileWorkflow
 from workflows.retention import AppRetentionWorkflow, RetentionWorkflow
 
 log = logging.getLogger("relay.worker")
@@ -60,9 +64,9 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         client,
         task_queue=task_queue,
         workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow,
-                   AlertsWorkflow, OrphanSweepWorkflow],
+                   AlertsWorkflow, OrphanSweepWorkflow, ReconcileWorkflow],
         activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all(), *GateActivities(store).all(),
-                    *alerts.all(), *OrphanActivities(store).all()],
+                    *alerts.all(), *OrphanActivities(store).all(), *ReconcileActivities(store).all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
         # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
@@ -84,6 +88,8 @@ async def run(settings: Settings, stop: asyncio.Event, *, client: Client | None 
         await ensure_retention_schedule(client, settings)
         await ensure_alerts_schedule(client, settings)
         await ensure_orphans_schedule(client, settings)
+        await ensure_reconcile_schedule(client, settings)
+        await start_reconcile_round(client, settings)
         await stop.wait()
     store.engine.dispose()
 
@@ -232,3 +238,50 @@ async def ensure_orphans_schedule(client: Client, settings: Settings) -> None:
         return
     await _ensure_schedule(client, ORPHANS_SCHEDULE_ID, orphans_schedule(settings),
                            f"orphan sweep: every {settings.orphan_sweep_interval}")
+
+
+# -- the reconciliation's schedule ---------------------------------------------------------------------------------
+
+# The round every worker starts at start-up, under one id: workers started together share one round.
+RECONCILE_STARTUP_ID = f"{RECONCILE_SCHEDULE_ID}/startup"
+
+
+def reconcile_input(settings: Settings) -> ReconcileInput:
+    return ReconcileInput(recovery_timeout=settings.recovery_timeout, probe_timeout=settings.gateway_heartbeat_timeout)
+
+
+def reconcile_schedule(settings: Settings) -> Schedule:
+    """A ``ReconcileWorkflow`` every ``reconcile_interval``, overlaps skipped, no backlog after an outage."""
+    return Schedule(
+        action=ScheduleActionStartWorkflow(
+            ReconcileWorkflow.run, reconcile_input(settings), id=RECONCILE_SCHEDULE_ID, task_queue=SHARED_TASK_QUEUE,
+            static_summary="Relay reconciliation: registry rows without a lifecycle workflow"),
+        spec=ScheduleSpec(intervals=[ScheduleIntervalSpec(every=settings.reconcile_interval)]),
+        policy=SchedulePolicy(overlap=ScheduleOverlapPolicy.SKIP, catchup_window=RETENTION_CATCHUP_WINDOW),
+    )
+
+
+async def ensure_reconcile_schedule(client: Client, settings: Settings) -> None:
+    """Create the reconciliation's schedule, or bring it to the settings (an operator's pause is left alone); with
+    ``RELAY_RECONCILE_INTERVAL_SECS`` 0, delete it."""
+    if settings.reconcile_interval <= timedelta(0):
+        try:
+            await client.get_schedule_handle(RECONCILE_SCHEDULE_ID).delete()
+            log.info("reconciliation schedule %s deleted: RELAY_RECONCILE_INTERVAL_SECS is 0", RECONCILE_SCHEDULE_ID)
+        except RPCError:
+            pass  # none to delete
+        return
+    await _ensure_schedule(client, RECONCILE_SCHEDULE_ID, reconcile_schedule(settings),
+                           f"reconciliation: every {settings.reconcile_interval}")
+
+
+async def start_reconcile_round(client: Client, settings: Settings) -> None:
+    """One round now, at start-up: after Temporal's state was lost, the rows it stranded are found at once, not an
+    interval later. Workers started together share it (one id, the running round reused); not waited for."""
+    try:
+        await client.start_workflow(
+            ReconcileWorkflow.run, reconcile_input(settings), id=RECONCILE_STARTUP_ID, task_queue=SHARED_TASK_QUEUE,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            static_summary="Relay reconciliation at worker start-up")
+    except RPCError as err:  # Temporal away: the schedule's next round does it
+        log.warning("could not start the reconciliation round at start-up: %s", err.message)

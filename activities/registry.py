@@ -44,6 +44,7 @@ from workflows.contracts.lifecycle import (
     SelectCandidateInput,
     WriteAuditInput,
 )
+from workflows.contracts.reconcile import GetRegistryRowInput, RegistryRow
 
 log = logging.getLogger("relay.worker")
 P = ParamSpec("P")
@@ -200,9 +201,17 @@ class RegistryActivities:
         reason = await self._call_first(self._store.gateways.gone_reason, input.gateway_queue)
         return GatewayGoneReply(gone=reason is not None, reason=reason or "")
 
+    @activity.defn(name=Activity.GET_REGISTRY_ROW)
+    async def get_registry_row(self, input: GetRegistryRowInput) -> RegistryRow | None:
+        row = await self._call(self._store.registry_row, input.org, input.app, input.executor_id)
+        if row is None:
+            return None
+        return RegistryRow(row.status, app_version=row.app_version, gateway_queue=row.gateway_queue or "",
+                           connection_id=row.connection_id or "")
+
     def all(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.disconnect_gateway_executors, self.gateway_gone]
+                self.delete_executor, self.disconnect_gateway_executors, self.gateway_gone, self.get_registry_row]
 
 
 # -- reporting lifecycle events: a console line each, and metrics -------------------------------------------------

@@ -99,6 +99,11 @@ RETENTION_ROUNDS = Counter("relay_retention_rounds", "Retention rounds: succeede
 ORPHANS_FOUND = Counter("relay_orphans_found", "Executor ids with old PENDING workflows and no registry row, found "
                         "by the orphan sweep (each found once per sweep).", ["org", "app"], registry=REGISTRY)
 
+EXECUTORS_RECONCILED = Counter(
+    "relay_executors_reconciled", "Registry rows whose lifecycle workflow was not running (Temporal's state lost, "
+    "or the workflow terminated by hand) and was started again from the row, by the row's status.",
+    ["org", "app", "status"], registry=REGISTRY)
+
 EXECUTORS = "relay_executors"
 EXECUTORS_HELP = "Executors in the registry, by status: every status of every registered app, zero included."
 REFUSAL_REASONS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 429: "rate_limited",

@@ -138,6 +138,9 @@ class Settings(BaseSettings):
     # no record of (0: never; the schedule is removed), and how old their oldest PENDING workflow must be.
     orphan_sweep_interval_secs: float = Field(default=600, ge=0)
     orphan_min_age_secs: float = Field(default=3600, gt=0)
+    # The reconciliation (``workflows.reconcile``): how often it looks for registry rows whose lifecycle workflow is
+    # not running (0: never, but for the round every worker starts at start-up; the schedule is removed).
+    reconcile_interval_secs: float = Field(default=60, ge=0)
 
     @field_validator("data_dir")
     @classmethod
@@ -253,3 +256,7 @@ class Settings(BaseSettings):
     @property
     def orphan_min_age(self) -> timedelta:
         return units.seconds_to_timedelta(self.orphan_min_age_secs)
+
+    @property
+    def reconcile_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.reconcile_interval_secs)

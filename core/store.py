@@ -410,6 +410,18 @@ class Store:
                           .distinct().order_by(col(Executor.org), col(Executor.app))).all()
         return [(org, app) for org, app in rows]
 
+    def registry_row(self, org: str, app: str, executor_id: str) -> Executor | None:
+        with Session(self.engine) as s:
+            return s.get(Executor, (org, app, executor_id))
+
+    def registry_rows(self) -> list[tuple[str, str, str, ExecutorStatus, str]]:
+        """``(org, app, executor_id, status, app_version)`` of every registry row (the reconciliation's scan)."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor.org, Executor.app, Executor.executor_id, Executor.status,
+                                 Executor.app_version)).all()
+        return [(org, app, executor_id, ExecutorStatus(status), version)
+                for org, app, executor_id, status, version in rows]
+
     def registered_executor_ids(self) -> set[str]:
         """Every executor id with a registry row, in any status, org and app (the orphan sweep leaves them alone)."""
         with Session(self.engine) as s:

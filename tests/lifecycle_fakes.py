@@ -54,6 +54,7 @@ from workflows.contracts.lifecycle import (
     WriteAuditInput,
 )
 from workflows.contracts.orphans import OrphanInfo
+from workflows.contracts.reconcile import GetRegistryRowInput, RegistryRow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 ORG, APP, VERSION = "acme", "shop", "v-42"
@@ -114,6 +115,8 @@ class FakeRelay:
     # the event is set: the test lands a signal meanwhile. ``started`` is set when such a wait begins.
     holds: dict[str, asyncio.Event] = field(default_factory=dict)
     started: dict[str, asyncio.Event] = field(default_factory=dict)
+    # get_registry_row: the row a workflow started by the reconciliation reads back (None: no row).
+    registry_row: RegistryRow | None = None
 
     records: list[Call[RecordStatusInput]] = field(default_factory=list)
     timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
@@ -125,6 +128,7 @@ class FakeRelay:
     probes: list[Call[ProbeGatewayInput]] = field(default_factory=list)
     admissions: list[Call[AdmitRecoveryInput]] = field(default_factory=list)
     gone_checks: list[Call[GatewayGoneInput]] = field(default_factory=list)
+    row_reads: list[Call[GetRegistryRowInput]] = field(default_factory=list)
 
     @property
     def self_queue(self) -> str:
@@ -149,11 +153,12 @@ class FakeRelay:
             Activity.DELETE_EXECUTOR: len(self.deletes), Activity.DISPATCH_RECOVERY: len(self.dispatches),
             Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls), Activity.PROBE_GATEWAY: len(self.probes),
             Activity.ADMIT_RECOVERY: len(self.admissions), Activity.GATEWAY_GONE: len(self.gone_checks),
+            Activity.GET_REGISTRY_ROW: len(self.row_reads),
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.admit_recovery, self.gateway_gone]
+                self.delete_executor, self.admit_recovery, self.gateway_gone, self.get_registry_row]
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]
@@ -213,6 +218,11 @@ class FakeRelay:
         await self._call(self.gone_checks, input)
         gone = input.gateway_queue in self.gone_queues
         return GatewayGoneReply(gone=gone, reason="retired" if gone else "")
+
+    @activity.defn(name=Activity.GET_REGISTRY_ROW)
+    async def get_registry_row(self, input: GetRegistryRowInput) -> RegistryRow | None:
+        await self._call(self.row_reads, input)
+        return self.registry_row
 
     async def _hold(self, name: str) -> None:
         """Wait here while the test holds activity ``name`` (``holds``), saying so (``started``)."""
@@ -322,6 +332,16 @@ class Relay:
             id=self.workflow_id,
             task_queue=self.fakes.task_queue,
             search_attributes=search_attributes or TypedSearchAttributes.empty,
+        )
+        self.started = self.started or handle
+
+    async def start_reconciled(self) -> None:
+        """Start the workflow as the reconciliation does (``activities.reconcile``): no signal, ``reconcile`` set."""
+        handle = await self.env.client.start_workflow(
+            ExecutorLifecycleWorkflow.run,
+            LifecycleInput(ORG, APP, self.executor_id, recovery_timeout=RECOVERY_TIMEOUT, reconcile=True),
+            id=self.workflow_id,
+            task_queue=self.fakes.task_queue,
         )
         self.started = self.started or handle
 

@@ -60,6 +60,7 @@ with workflow.unsafe.imports_passed_through():
         write_audit,
     )
     from workflows.contracts.orphans import OrphanInfo
+    from workflows.contracts.reconcile import GetRegistryRowInput, get_registry_row
 
 A = TypeVar("A")
 T = TypeVar("T")
@@ -187,6 +188,8 @@ class ExecutorLifecycleWorkflow:
                 # Started by the orphan sweep (a first run only: a continued run carries its state). With
                 # ``orphan`` None nothing here runs, so existing histories replay unchanged.
                 await self._begin_orphan(input.orphan)
+            if input.reconcile and input.state is None and not await self._begin_reconciled():
+                return LifecycleResult(status="NOTHING_TO_RECONCILE")
             while True:
                 await workflow.wait_condition(
                     lambda: self._needs_action() or self._should_continue_as_new() or self._removed is not None)
@@ -244,6 +247,47 @@ class ExecutorLifecycleWorkflow:
         await self._app_grace()
         await self._record(ExecutorStatus.DEAD, "executor.dead", details={"reason": "orphan"},
                            info=ExecutorInfo(i.executor_id, application_version=orphan.app_version))
+
+    async def _begin_reconciled(self) -> bool:
+        """Started by the reconciliation for a registry row with no lifecycle workflow running: Temporal's state was
+        lost (or restored from an older backup), or the workflow was terminated by hand. The row is read back now,
+        when this is the only workflow that can write it (a row read by the round before could be stale), and the
+        run carries on from it; False when there is no row any more (the workflow it had ended meanwhile).
+
+        - HEALTHY: the gateway the row names is asked (the fence's probe). A live socket is the connection now; none,
+          or the gateway gone, and the run loop makes the executor DISCONNECTED now, its grace starting now.
+        - DISCONNECTED: the run loop records it anew, with a full grace from now: whatever ran of the old one,
+          Relay could not hear a reconnect during the gap.
+        - DEAD: its recovery resumes, through the gate and the fence as always.
+
+        Nothing here is recorded before the audit row says what was found: ``executor.reconciled``."""
+        i, state = self._input, self._state
+        row = await self._db(get_registry_row, GetRegistryRowInput(i.org, i.app, i.executor_id))
+        if row is None:
+            return False
+        state.status = row.status
+        state.app_version = row.app_version
+        state.gateway_queue = row.gateway_queue
+        state.recorded_connection_id = row.connection_id or None
+        if row.status == ExecutorStatus.HEALTHY:
+            reply = await self._probe()
+            if self._back():
+                outcome = "connected meanwhile"
+            elif reply is not None and reply.connection is not None:
+                state.connection = reply.connection
+                outcome = "its gateway holds a live socket"
+            else:
+                outcome = ("no socket: DISCONNECTED now, a full grace from now" if reply is not None
+                           else "its gateway is gone: DISCONNECTED now, a full grace from now")
+        elif row.status == ExecutorStatus.DISCONNECTED:
+            outcome = "a full grace from now"
+        else:
+            outcome = "its recovery resumes"
+        await self._audit("executor.reconciled", "success", {
+            "found": row.status, "gateway_queue": row.gateway_queue, "connection_id": row.connection_id,
+            "outcome": outcome})
+        self._describe(f"reconciled from the registry: {outcome}")
+        return True
 
     async def _app_grace(self) -> timedelta:
         """The app's grace; ends the run (``_Removed``) when the app no longer exists."""

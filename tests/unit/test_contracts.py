@@ -16,15 +16,27 @@ from temporalio import activity
 from activities.alerts import AlertActivities
 from activities.gate import GateActivities
 from activities.orphans import OrphanActivities
+from activities.reconcile import ReconcileActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
 from core.models import make_engine
 from core.store import Store
 from gateway.activities import HubActivities
 from gateway.hub import Hub
-from workflows.contracts import alerts, common, gate, gateway_watch, lifecycle, management, orphans, retention
+from workflows.contracts import (
+    alerts,
+    common,
+    gate,
+    gateway_watch,
+    lifecycle,
+    management,
+    orphans,
+    reconcile,
+    retention,
+)
 
-CONTRACTS: list[ModuleType] = [common, lifecycle, retention, gateway_watch, management, gate, alerts, orphans]
+CONTRACTS: list[ModuleType] = [common, lifecycle, retention, gateway_watch, management, gate, alerts, orphans,
+                               reconcile]
 
 
 def _name(fn: Callable[..., Any]) -> str:
@@ -49,7 +61,7 @@ def implementations() -> Iterator[dict[str, Callable[..., Any]]]:
     store = Store(make_engine("sqlite://"))
     registered = [*RegistryActivities(store).all(), *RetentionActivities(store).all(), *HubActivities(Hub()).all(),
                   *GateActivities(store).all(), *AlertActivities(store).all(),
-                  *OrphanActivities(store).all()]
+                  *OrphanActivities(store).all(), *ReconcileActivities(store).all()]
     yield {_name(fn): fn for fn in registered}
     store.engine.dispose()
 

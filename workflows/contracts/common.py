@@ -62,6 +62,10 @@ class Activity:
     LIST_ORPHAN_TARGETS = "list_orphan_targets"
     FIND_ORPHANS = "find_orphans"
     START_ORPHAN_RECOVERY = "start_orphan_recovery"
+    # The reconciliation: the round's scan of the registry (starting lifecycle workflows), on the shared queue, and
+    # the registry row a lifecycle workflow it started reads back (a local activity).
+    RECONCILE_REGISTRY = "reconcile_registry"
+    GET_REGISTRY_ROW = "get_registry_row"
     # Workflow management: an operator's request to an executor held by another gateway process, run as a local
     # activity of a ``ManagementRequestWorkflow`` on that process's own queue.
     EXECUTOR_REQUEST = "executor_request"

@@ -88,6 +88,10 @@ class LifecycleInput:
     # Set by the orphan sweep (``workflows.orphans``) for an executor id with old PENDING workflows and no registry
     # row: the run begins by waiting one grace for it to connect, then declares it DEAD and recovers it.
     orphan: OrphanInfo | None = None
+    # Set by the reconciliation (``workflows.reconcile``) for an executor with a registry row and no lifecycle
+    # workflow running (Temporal's state lost, or the workflow terminated by hand): the run begins by reading the
+    # row back and carrying on from it.
+    reconcile: bool = False
 
 
 @dataclass
