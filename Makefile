@@ -68,7 +68,7 @@ test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(PY) -m pytest -q -m "not e2e" -n auto tests/unit tests/workflows tests/api
-	$(PY) -m pytest -q -m e2e
+	$(PY) -m pytest -q -m e2e --durations=25
 
 # One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python` (tests/e2e/test_sdks.py for that
 # SDK; for Python also its own recovery and liveness end-to-end tests, which run dbos==3.2.0 executors).
