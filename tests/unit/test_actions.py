@@ -1,0 +1,28 @@
+"""The Temporal-actions count of the README (``tests.bench.actions``), on recorded histories counted by hand."""
+
+from __future__ import annotations
+
+import json
+
+from tests.bench.actions import ENDED_BY_TEST, HISTORIES, count
+
+
+def _phases(fixture: str, after: str) -> dict[str, int]:
+    events = json.loads((HISTORIES / fixture).read_text())["events"]
+    return {p.name: p.total for p in count(events, after_connect=after)}
+
+
+def test_a_death_costs_thirteen_actions_after_a_connect_of_three() -> None:
+    # connect: signal-with-start, the workflow task with the HEALTHY write's markers (a patch marker and its
+    # TemporalChangeVersion upsert are free), the RelayExecutorStatus upsert. death: the disconnected signal, the
+    # grace timer, two probes, dispatch_recovery, exist_pending_workflows, two status upserts, five workflow tasks
+    # with local activities.
+    assert _phases("happy-recovery.json", "death") == {"connect": 3, "death": 13}
+
+
+def test_a_reconnect_within_grace_costs_seven_and_the_tests_removal_is_apart() -> None:
+    # the disconnected and connected signals, the grace timer, the DISCONNECTED and HEALTHY writes' workflow tasks
+    # and their two status upserts.
+    phases = _phases("reconnect-within-grace.json", "reconnect")
+    assert phases["connect"] == 3 and phases["reconnect"] == 7
+    assert phases[ENDED_BY_TEST] >= 1
