@@ -2,11 +2,14 @@
 
 The socket-bound one (``dispatch_retention``) is in ``gateway.activities``, with the other requests to executors.
 Rounds are counted where their audit rows are written (``relay_retention_rounds_total{org,app,outcome}``: succeeded
-and failed per attempt, skipped), once per row as in ``activities.registry``.
+and failed per attempt, skipped), once per row as in ``activities.registry``. The audit log's own retention deletes
+in batches, each its own transaction, and counts each batch as it commits (``relay_audit_rows_pruned_total``).
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -17,10 +20,13 @@ from core.store import Store
 from workflows.contracts.common import Activity, Candidate
 from workflows.contracts.retention import (
     ListRetentionTargetsInput,
+    PruneAuditLogInput,
     RetentionTarget,
     SelectRetentionExecutorInput,
     WriteRetentionAuditInput,
 )
+
+log = logging.getLogger("relay.worker")
 
 
 class RetentionActivities:
@@ -59,8 +65,26 @@ class RetentionActivities:
         if written and outcome is not None:
             metrics.RETENTION_ROUNDS.labels(input.org, input.app, outcome).inc()
 
+    @activity.defn(name=Activity.PRUNE_AUDIT_LOG)
+    async def prune_audit_log(self, input: PruneAuditLogInput) -> int:
+        # Batch after batch, each through ``Store.call``: on SQLite the lifecycle's writes (``call_first``) go
+        # ahead of the next batch, on PostgreSQL they wait for one batch's row locks at most.
+        deadline = time.monotonic() + input.budget.total_seconds()
+        pruned = batch = 0
+        while True:
+            batch = await self._store.call(self._store.prune_audit_batch, before=input.before, limit=input.batch_size)
+            pruned += batch
+            metrics.AUDIT_ROWS_PRUNED.inc(batch)
+            if batch < input.batch_size or time.monotonic() >= deadline:
+                break
+        if pruned:
+            left = "" if batch < input.batch_size else "; more are left for the next round"
+            log.info("audit log: %d rows emitted before %s deleted%s", pruned, input.before.isoformat(), left)
+        return pruned
+
     def all(self) -> list[Callable[..., Any]]:
-        return [self.list_retention_targets, self.select_retention_executor, self.write_retention_audit]
+        return [self.list_retention_targets, self.select_retention_executor, self.write_retention_audit,
+                self.prune_audit_log]
 
 
 _OUTCOMES = {"retention.succeeded": "succeeded", "retention.failed": "failed", "retention.skipped": "skipped"}

@@ -138,8 +138,11 @@ def problem_message(response: httpx.Response) -> str:
                                              f" (got {json.dumps(e.get('value'))})" for e in errors)])
 
 
-def api_key(args: argparse.Namespace) -> str | None:
-    return getattr(args, "api_key", None) or os.environ.get("RELAY_API_KEY") or None
+def api_key(args: argparse.Namespace, settings: Settings) -> str | None:
+    """--api-key, else RELAY_API_KEY (or the file RELAY_API_KEY_FILE names: ``Settings``)."""
+    if getattr(args, "api_key", None):
+        return str(args.api_key)
+    return (settings.api_key.get_secret_value() or None) if settings.api_key is not None else None
 
 
 class Api:
@@ -174,9 +177,9 @@ class Api:
 
 
 def _api(args: argparse.Namespace, settings: Settings) -> Api:
-    key = api_key(args)
+    key = api_key(args, settings)
     if key is None:
-        fail("no API key: set RELAY_API_KEY or pass --api-key")
+        fail("no API key: set RELAY_API_KEY (or RELAY_API_KEY_FILE) or pass --api-key")
     host = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host  # a bind-all address
     return Api(args.url or f"http://{f'[{host}]' if ':' in host else host}:{settings.port}", key, args.org)
 
@@ -307,12 +310,13 @@ def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _keys_list(args: argparse.Namespace, settings: Settings) -> None:
-    tokens = _api(args, settings).call("GET", "/tokens") if api_key(args) else _local_tokens(settings, args.org)
+    local = api_key(args, settings) is None
+    tokens = _local_tokens(settings, args.org) if local else _api(args, settings).call("GET", "/tokens")
     _emit(args, tokens, tables.tokens_table)
 
 
 def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
-    if api_key(args):
+    if api_key(args, settings):
         _api(args, settings).call("DELETE", "/tokens" + _name(args.name))
     else:
         _local_revoke(settings, args.org, args.name)

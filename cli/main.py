@@ -9,13 +9,15 @@ import os
 import sys
 from collections.abc import Sequence
 
+from pydantic import ValidationError
+
 from cli import admin as admin_cli
 from cli import alerts as alerts_cli
 from cli import migrate as migrate_cli
 from cli import safety as safety_cli
 from cli import temporal_setup as temporal_setup_cli
 from cli import workflows as workflows_cli
-from core.errors import RelayError
+from core.errors import RelayError, SchemaVersionError
 from core.logs import configure as configure_logging
 from core.logs import install_redaction
 from core.models import make_engine
@@ -67,16 +69,50 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as err:  # an unknown level or format: say which, without a traceback
         raise SystemExit(f"relay: {err}") from None
     install_redaction()
-    settings = Settings()
+    try:
+        settings = Settings()
+    except ValidationError as err:  # which setting and why, in one line, without a traceback
+        raise SystemExit(f"relay: {settings_error(err)}") from None
     if args.command in ("dev", "gateway", "worker"):
+        _check_schema(settings)
         from cli import serve  # the server stack: only the commands that run it pay for importing it
 
         entry = {"dev": serve.dev, "gateway": serve.gateway, "worker": serve.run_worker}[args.command]
         asyncio.run(entry(settings))
-    elif args.command == "keys" and args.keys_command == "create" and not admin_cli.api_key(args):
-        _keys_create(settings, args)  # no key to call the API with: bootstrap one in the local database
-    else:
-        admin_cli.run(args, settings)
+        return
+    try:
+        if args.command == "keys" and args.keys_command == "create" and not admin_cli.api_key(args, settings):
+            _keys_create(settings, args)  # no key to call the API with: bootstrap one in the local database
+        else:
+            admin_cli.run(args, settings)
+    except SchemaVersionError as err:  # the local database, opened by a CLI command
+        raise SystemExit(f"relay: {err.detail}") from None
+
+
+def settings_error(err: ValidationError) -> str:
+    """Each invalid setting named as its variable, with pydantic's reason (the settings hide their input: it may be
+    a secret)."""
+    reasons = []
+    for e in err.errors():
+        reason = e["msg"].removeprefix("Value error, ")
+        loc = "_".join(str(part) for part in e["loc"]).upper()
+        reasons.append(f"RELAY_{loc}: {reason}" if loc else reason)
+    return "; ".join(reasons)
+
+
+def _check_schema(settings: Settings) -> None:
+    """Open the store once before a process starts anything (the embedded Temporal, a Temporal client, uvicorn,
+    whose lifespan would bury the line under a traceback): a database at another schema revision than this code's
+    (``SchemaVersionError``) stops it here with one line and exit status 1. With RELAY_MIGRATE_ON_START an older
+    one is upgraded here. A database that cannot be reached is the process's own to meet, as before."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        make_engine(settings.db_url).dispose()
+    except SchemaVersionError as err:
+        log.error("cannot start: %s", err.detail)
+        raise SystemExit(1) from None
+    except Exception as err:
+        log.debug("schema not checked before start: %s", type(err).__name__)
 
 
 if __name__ == "__main__":

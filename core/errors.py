@@ -15,7 +15,9 @@ mapping lives here and nowhere else::
     ├── ExecutorRefusedError        409          the executor refused the request (metadata-only mode, ...)
     ├── TemporalUnavailableError    503          Temporal did not take a signal, after retries
     ├── ServiceUnavailableError     503 / 1013   a dependency (database, Temporal) is away for now: retry later
-    └── RateLimitedError            429 / 1008   too many connections or handshakes for one key
+    ├── RateLimitedError            429 / 1008   too many connections or handshakes for one key
+    └── SchemaVersionError          500          the database's schema is not the revision this code needs: the
+                                                 process does not start
 """
 
 from __future__ import annotations
@@ -144,3 +146,14 @@ class RateLimitedError(RelayError):
     status = 429
     title = "Too Many Requests"
     close_code = 1008
+
+
+class SchemaVersionError(RelayError):
+    """The database's schema revision is not the one this Relay's code needs (``core.migrations``): older, with
+    migrations left to ``relay migrate`` (RELAY_MIGRATE_ON_START=false), or newer, migrated by a newer Relay. Raised
+    when the store is opened; the process says so in one line and exits 1."""
+
+    def __init__(self, detail: str, *, database: frozenset[str], code: frozenset[str]) -> None:
+        super().__init__(detail)
+        self.database = database  # the database's current revisions (none: a new database)
+        self.code = code  # the head revisions this code's migrations end at

@@ -1,4 +1,5 @@
-"""Retention rounds: garbage collection of old workflows and the global workflow timeout, per app.
+"""Retention rounds: garbage collection of old workflows and the global workflow timeout, per app; and the audit
+log's own retention (RELAY_AUDIT_RETENTION_DAYS).
 
 The Temporal Schedule ``relay-retention`` (created by the worker at start-up) starts a ``RetentionWorkflow``
 every ``RELAY_RETENTION_INTERVAL_SECS``. It lists the apps with a retention setting and starts one
@@ -8,7 +9,9 @@ one HEALTHY executor of the app, retrying on another after a failure.
 The round starts its children and returns without waiting for them (parent close policy ABANDON): the schedule
 skips a round while the previous one still runs (overlap SKIP), so a round that waited for its slowest app would
 make every other app wait too. A child's workflow id is fixed per app, so two rounds of one app never overlap:
-the later start fails, and that app is skipped (audited) for the round.
+the later start fails, and that app is skipped (audited) for the round. Then the round deletes the audit rows
+older than the audit retention, in batches (``activities.retention``), for a bounded time: a backlog is worked off
+over the next rounds, and writers never wait behind one huge delete.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         AppRetentionResult,
         DispatchRetentionInput,
         ListRetentionTargetsInput,
+        PruneAuditLogInput,
         RetentionCutoffs,
         RetentionInput,
         RetentionRoundResult,
@@ -45,6 +49,7 @@ with workflow.unsafe.imports_passed_through():
         app_retention_workflow_id,
         dispatch_retention,
         list_retention_targets,
+        prune_audit_log,
         select_retention_executor,
         write_retention_audit,
     )
@@ -53,6 +58,12 @@ SUCCEEDED, SKIPPED, NOTHING_SET = "SUCCEEDED", "SKIPPED", "NOTHING_SET"
 # Since this patch the round asks an executor for the app's latest version (``list_application_versions``)
 # and sends ``retention`` to that version's executors first; before it, registration order alone ranked versions.
 LATEST_FROM_SDK_PATCH = "retention-latest-from-sdk"
+# Since this patch the round also prunes the audit log; rounds recorded before it did not.
+AUDIT_RETENTION_PATCH = "audit-retention"
+# The pruning activity stops after its budget (PruneAuditLogInput) and says how far it got; this leaves room for its
+# last batch. A failed prune is retried a little, then left to the next round: the next round must not wait on it.
+PRUNE_AUDIT_TIMEOUT = timedelta(seconds=90)
+PRUNE_AUDIT_RETRY = RetryPolicy(maximum_attempts=3)
 
 # Scheduled rounds start a little after their nominal time, each by a different delay; "recent" ends this much
 # before a full interval so that jitter never makes a scheduled round look recent to the one before it.
@@ -122,7 +133,21 @@ class RetentionWorkflow:
         result = RetentionRoundResult()
         for target, ok in zip(due, started, strict=True):
             (result.started if ok else result.still_running).append(f"{target.org}/{target.app}")
+        if workflow.patched(AUDIT_RETENTION_PATCH):
+            result.audit_rows_pruned = await self._prune_audit_log(input)
         return result
+
+    async def _prune_audit_log(self, input: RetentionInput) -> int:
+        """Delete the audit rows older than the retention, counted from the round's clock; how many."""
+        before = self._clock - input.audit_retention
+        try:
+            return await workflow.execute_activity(
+                prune_audit_log, PruneAuditLogInput(before=before),
+                start_to_close_timeout=PRUNE_AUDIT_TIMEOUT, retry_policy=PRUNE_AUDIT_RETRY,
+                summary=f"audit rows emitted before {before:%Y-%m-%d %H:%M:%S} UTC",
+            )
+        except ActivityError:
+            return 0  # the database is away, or the rows are locked: the next round tries again
 
     async def _start(self, target: RetentionTarget, input: RetentionInput) -> bool:
         try:

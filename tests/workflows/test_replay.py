@@ -30,6 +30,7 @@ from tests.histories.scenarios import SCENARIOS
 from workflows import gateway_watch, lifecycle
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
+from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parents[1] / "histories"
 FIXTURES = sorted(HISTORIES.rglob("*.json"))  # the current recordings, and older ones in subfolders
@@ -73,12 +74,12 @@ def test_every_scenario_has_its_fixtures() -> None:
                if not any(HISTORIES.glob(f"{s.stem}.json")) and not any(HISTORIES.glob(f"{s.stem}.[0-9]*.json"))]
     assert not missing, f"no fixture for {missing}: run `.venv/bin/python -m tests.histories.record`"
     types = {_workflow_type(_history(path)) for path in FIXTURES}
-    assert types == {"ExecutorLifecycleWorkflow", "GatewayWorkflow"}
+    assert types == {"ExecutorLifecycleWorkflow", "GatewayWorkflow", "RetentionWorkflow"}
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
 async def test_recorded_history_replays(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    failure = await _replay(path, [ExecutorLifecycleWorkflow, GatewayWorkflow], monkeypatch)
+    failure = await _replay(path, [ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow], monkeypatch)
     assert failure is None, (
         f"{path.name} no longer replays: {failure!r}. Running workflows would fail the same way; guard the change "
         "with workflow.patched (README: Changing a workflow)"

@@ -1,5 +1,6 @@
-"""Retention: the cutoff arithmetic at the unit edges, the wire body, the storage queries, and the round and
-per-app workflows on the time-skipping server with fake activities under the real names.
+"""Retention: the cutoff arithmetic at the unit edges, the wire body, the storage queries, the audit log's own
+retention (batched deletes), and the round and per-app workflows on the time-skipping server with fake activities
+under the real names.
 
 End-to-end behaviour on real executors is in ``test_retention_e2e.py``.
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -18,19 +20,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from sqlalchemy import event
 from temporalio import activity
-from temporalio.client import WorkflowHandle
+from temporalio.client import ScheduleActionStartWorkflow, WorkflowHandle
 from temporalio.exceptions import ApplicationError
-from temporalio.testing import WorkflowEnvironment
+from temporalio.testing import ActivityEnvironment, WorkflowEnvironment
 from temporalio.worker import Replayer, Worker
 
-from activities.retention import audit_details
-from core import units, wire
+from activities.retention import RetentionActivities, audit_details
+from core import metrics, units, wire
 from core.errors import ProtocolError
-from core.models import Application, Executor, make_engine
+from core.models import Application, AuditLog, Executor, make_engine
+from core.settings import Settings
 from core.store import Store
 from core.temporal import data_converter, venv_binary
 from tests.conftest import assert_eventually
+from worker import retention_schedule
 from workflows.contracts.common import Activity, Candidate, ExecutorStatus
 from workflows.contracts.management import ExecutorRequestInput, ExecutorRequestReply, pack
 from workflows.contracts.retention import (
@@ -38,6 +43,7 @@ from workflows.contracts.retention import (
     AppRetentionResult,
     DispatchRetentionInput,
     ListRetentionTargetsInput,
+    PruneAuditLogInput,
     RetentionInput,
     RetentionReply,
     RetentionRoundResult,
@@ -270,6 +276,86 @@ def test_audit_details_show_the_body_as_sent_next_to_the_clock_and_settings() ->
     }
 
 
+# -- the audit log's retention ------------------------------------------------------------------------------------
+
+
+def _audit_rows(store: Store, ages: dict[str, timedelta], now: datetime = NOW) -> None:
+    """One audit row per name, emitted ``age`` before ``now``, in orgs of their own (retention is every org's)."""
+    from sqlmodel import Session
+
+    with Session(store.engine) as s:
+        for n, (name, age) in enumerate(ages.items()):
+            s.add(AuditLog(id=name, org=f"org-{n % 3}", operation="app.registered", emit_time=now - age))
+        s.commit()
+
+
+def _left(store: Store) -> set[str]:
+    from sqlmodel import Session, select
+
+    with Session(store.engine) as s:
+        return set(s.exec(select(AuditLog.id)).all())
+
+
+def _deletes(store: Store) -> list[int]:
+    """Records, for each DELETE on the audit log from now on, how many ids it named."""
+    seen: list[int] = []
+
+    @event.listens_for(store.engine, "before_cursor_execute")
+    def _count(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> None:
+        if statement.lstrip().upper().startswith("DELETE FROM AUDITLOG"):
+            seen.append(len(parameters))
+
+    return seen
+
+
+RETENTION = timedelta(days=7)
+
+
+def test_audit_rows_older_than_the_retention_are_deleted_in_batches_oldest_first(store: Store) -> None:
+    old = {f"old-{n}": RETENTION + timedelta(days=n, minutes=1) for n in range(7)}
+    new = {"new-1": RETENTION - timedelta(minutes=1), "new-2": timedelta(0), "future": -timedelta(hours=1)}
+    _audit_rows(store, {**old, **new})
+    deletes = _deletes(store)
+    before = NOW - RETENTION
+
+    assert store.prune_audit_batch(before=before, limit=3) == 3
+    assert _left(store) == set(old) - {"old-6", "old-5", "old-4"} | set(new)  # the oldest three went first
+    assert store.prune_audit_batch(before=before, limit=3) == 3
+    assert store.prune_audit_batch(before=before, limit=3) == 1  # short: none older left
+    assert store.prune_audit_batch(before=before, limit=3) == 0
+    assert _left(store) == set(new)
+    assert deletes == [3, 3, 1]  # one DELETE per batch, never more rows than the batch, none when nothing is left
+
+
+def test_the_pruning_activity_loops_over_batches_counts_and_logs_once(store: Store,
+                                                                      caplog: pytest.LogCaptureFixture) -> None:
+    _audit_rows(store, {f"old-{n}": RETENTION + timedelta(hours=n + 1) for n in range(7)} | {"new": timedelta(0)})
+    deletes = _deletes(store)
+    counted = metrics.REGISTRY.get_sample_value("relay_audit_rows_pruned_total") or 0.0
+    prune = RetentionActivities(store).prune_audit_log
+    with caplog.at_level(logging.INFO, logger="relay.worker"):
+        pruned = asyncio.run(ActivityEnvironment().run(prune, PruneAuditLogInput(NOW - RETENTION, batch_size=3)))
+    assert pruned == 7 and deletes == [3, 3, 1] and _left(store) == {"new"}
+    assert (metrics.REGISTRY.get_sample_value("relay_audit_rows_pruned_total") or 0.0) - counted == 7
+    [line] = [r.getMessage() for r in caplog.records if r.name == "relay.worker"]
+    assert line == f"audit log: 7 rows emitted before {(NOW - RETENTION).isoformat()} deleted"
+
+    caplog.clear()  # nothing to prune: no line
+    assert asyncio.run(ActivityEnvironment().run(prune, PruneAuditLogInput(NOW - RETENTION, batch_size=3))) == 0
+    assert [r for r in caplog.records if r.name == "relay.worker"] == []
+
+
+def test_the_pruning_activity_stops_after_its_budget(store: Store, caplog: pytest.LogCaptureFixture) -> None:
+    _audit_rows(store, {f"old-{n}": RETENTION + timedelta(hours=n + 1) for n in range(7)})
+    prune = RetentionActivities(store).prune_audit_log
+    with caplog.at_level(logging.INFO, logger="relay.worker"):
+        pruned = asyncio.run(ActivityEnvironment().run(
+            prune, PruneAuditLogInput(NOW - RETENTION, batch_size=3, budget=timedelta(0))))
+    assert pruned == 3 and len(_left(store)) == 4  # one batch, the rest for the next round
+    assert [r.getMessage() for r in caplog.records if r.name == "relay.worker"][0].endswith(
+        "deleted; more are left for the next round")
+
+
 # -- workflows on the time-skipping server ---------------------------------------------------------------------
 
 INTERVAL = timedelta(minutes=10)
@@ -300,6 +386,9 @@ class FakeRetention:
     # What each executor's SDK answers to ``list_application_versions`` (none: an empty list).
     versions: dict[str, list[dict[str, object]]] = field(default_factory=dict)
     asked_versions: list[str] = field(default_factory=list)
+    # The audit log's retention: each call's input; the real activity on this store when set (else nothing pruned).
+    prunes: list[PruneAuditLogInput] = field(default_factory=list)
+    audit_store: Store | None = None
 
     def queue(self, executor_id: str) -> str:
         return f"{self.task_queue}-gw-{executor_id}"
@@ -324,6 +413,13 @@ class FakeRetention:
     async def write_retention_audit(self, input: WriteRetentionAuditInput) -> None:
         if all(a.event_key != input.event_key for a in self.audits):
             self.audits.append(input)
+
+    @activity.defn(name=Activity.PRUNE_AUDIT_LOG)
+    async def prune_audit_log(self, input: PruneAuditLogInput) -> int:
+        self.prunes.append(input)
+        if self.audit_store is None:
+            return 0
+        return await RetentionActivities(self.audit_store).prune_audit_log(input)
 
     @activity.defn(name=Activity.EXECUTOR_REQUEST)
     async def executor_request(self, input: ExecutorRequestInput) -> ExecutorRequestReply:
@@ -417,7 +513,8 @@ async def _workers(env: WorkflowEnvironment) -> AsyncIterator[Env]:
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(Worker(
             client, task_queue=fakes.task_queue, workflows=[RetentionWorkflow, AppRetentionWorkflow],
-            activities=[fakes.list_retention_targets, fakes.select_retention_executor, fakes.write_retention_audit],
+            activities=[fakes.list_retention_targets, fakes.select_retention_executor, fakes.write_retention_audit,
+                        fakes.prune_audit_log],
         ))
         for executor_id in EXECUTORS:
             await stack.enter_async_context(Worker(client, task_queue=fakes.queue(executor_id),
@@ -609,3 +706,37 @@ async def test_a_slow_app_delays_neither_another_app_nor_the_next_round(ts_round
     assert (await ts_rounds.app_result(slow.app)).outcome == "SUCCEEDED"
     assert (await ts_rounds.app_result(fast.app)).outcome == "SUCCEEDED"
 
+
+
+async def test_a_round_prunes_the_audit_log_by_its_own_clock(ts_rounds: Env, tmp_path: Path) -> None:
+    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+    ts_rounds.fakes.audit_store = store  # the real activity behind the fake's name
+    now = await ts_rounds.env.get_current_time()  # the test server's clock, years ahead of the wall's
+    _audit_rows(store, {"older": RETENTION + timedelta(days=30), "old": RETENTION + timedelta(hours=1),
+                        "kept": RETENTION - timedelta(hours=1), "new": timedelta(0)}, now=now)
+    handle = await ts_rounds.env.client.start_workflow(
+        RetentionWorkflow.run, RetentionInput(INTERVAL, gc_batch_size=BATCH, reply_timeout=REPLY_TIMEOUT,
+                                              audit_retention=RETENTION),
+        id=f"round-{uuid.uuid4()}", task_queue=ts_rounds.fakes.task_queue,
+    )
+    result = await _bounded(handle.result())
+    after = await ts_rounds.env.get_current_time()
+    try:
+        [prune] = ts_rounds.fakes.prunes
+        # From the round's clock (the workflow's, not the worker's wall clock), less the retention.
+        assert now - RETENTION - timedelta(seconds=1) <= prune.before <= after - RETENTION + timedelta(seconds=1)
+        assert result == RetentionRoundResult(audit_rows_pruned=2)
+        assert _left(store) == {"kept", "new"}
+    finally:
+        store.engine.dispose()
+    # Deterministic: this history (with the patch's marker) replays, as the one recorded before the patch does
+    # (tests/histories/before-audit-retention/, replayed by test_replay.py).
+    replayer = Replayer(workflows=[RetentionWorkflow, AppRetentionWorkflow], data_converter=data_converter)
+    await replayer.replay_workflow(await handle.fetch_history())
+
+
+def test_the_schedule_carries_the_audit_retention_setting() -> None:
+    action = retention_schedule(Settings(audit_retention_days=30)).action
+    assert isinstance(action, ScheduleActionStartWorkflow)
+    [argument] = action.args
+    assert isinstance(argument, RetentionInput) and argument.audit_retention == timedelta(days=30)

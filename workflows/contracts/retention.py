@@ -1,6 +1,6 @@
-"""The retention workflows' contract: the schedule's round (``RetentionWorkflow``), one app's round
-(``AppRetentionWorkflow``), and their activities (stubs: the database ones are implemented in
-``activities.retention``, ``dispatch_retention`` in ``gateway.activities``)."""
+"""The retention workflows' contract: the schedule's round (``RetentionWorkflow``: the apps' rounds and the audit
+log's retention), one app's round (``AppRetentionWorkflow``), and their activities (stubs: the database ones are
+implemented in ``activities.retention``, ``dispatch_retention`` in ``gateway.activities``)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ class RetentionInput:
     gc_batch_size: int = 10_000
     # How long an executor has to answer ``retention`` (the recovery timeout setting).
     reply_timeout: timedelta = timedelta(seconds=60)
+    # Audit rows older than this are deleted by the round (RELAY_AUDIT_RETENTION_DAYS). A schedule written before
+    # this field decodes with the setting's default, until the worker rewrites it.
+    audit_retention: timedelta = timedelta(days=90)
 
 
 @dataclass
@@ -84,6 +87,17 @@ class AppRetentionResult:
 class RetentionRoundResult:
     started: list[str] = field(default_factory=list)  # "org/app" of each child started
     still_running: list[str] = field(default_factory=list)  # skipped: the previous round of that app runs on
+    audit_rows_pruned: int = 0  # audit rows older than the audit retention, deleted by this round
+
+
+@dataclass
+class PruneAuditLogInput:
+    """Delete the audit rows emitted before ``before`` (every org's), oldest first, ``batch_size`` rows per
+    transaction, for at most ``budget``: what is left over is the next round's."""
+
+    before: datetime
+    batch_size: int = 1000
+    budget: timedelta = timedelta(seconds=60)
 
 
 @dataclass
@@ -151,6 +165,12 @@ async def select_retention_executor(input: SelectRetentionExecutorInput) -> Cand
 @activity.defn(name=Activity.WRITE_RETENTION_AUDIT)
 async def write_retention_audit(input: WriteRetentionAuditInput) -> None:
     """One audit row of an app's round (and, with ``started_at``, that a round started), once per event key."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.PRUNE_AUDIT_LOG)
+async def prune_audit_log(input: PruneAuditLogInput) -> int:
+    """Delete old audit rows in batches; how many were deleted."""
     raise NotImplementedError(STUB)
 
 

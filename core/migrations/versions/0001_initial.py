@@ -15,6 +15,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from core.migrations import existing_tables
+
 revision = "0001"
 down_revision: str | None = None
 branch_labels: str | None = None
@@ -106,14 +108,13 @@ def _tables() -> list[tuple[str, list[sa.Column[Any] | sa.Constraint], list[tupl
 
 
 def upgrade() -> None:
-    inspector = sa.inspect(op.get_bind())
-    existing = set(inspector.get_table_names())
+    existing = existing_tables()
     for table, items, indexes in _tables():
         if table not in existing:
             op.create_table(table, *items)
             present: set[str | None] = set()
         else:  # made by create_all; it created a table's indexes with the table, but be sure
-            present = {index["name"] for index in inspector.get_indexes(table)}
+            present = {index["name"] for index in sa.inspect(op.get_bind()).get_indexes(table)}
         for name, columns, unique in indexes:
             if name not in present:
                 op.create_index(name, table, columns, unique=unique)

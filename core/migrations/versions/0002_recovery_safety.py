@@ -16,6 +16,8 @@ from typing import Any
 import sqlalchemy as sa
 from alembic import op
 
+from core.migrations import existing_tables
+
 revision = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | None = None
@@ -69,7 +71,7 @@ def _tables() -> list[tuple[str, list[sa.Column[Any] | sa.Constraint]]]:
 
 
 def upgrade() -> None:
-    existing = set(sa.inspect(op.get_bind()).get_table_names())
+    existing = existing_tables()
     for table, items in _tables():
         if table not in existing:
             op.create_table(table, *items)

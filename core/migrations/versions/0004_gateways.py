@@ -13,6 +13,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from core.migrations import existing_tables
+
 revision = "0004"
 down_revision: str | None = "0003"
 branch_labels: str | None = None
@@ -23,7 +25,7 @@ TABLE = "gatewayprocess"
 
 
 def upgrade() -> None:
-    if TABLE in set(sa.inspect(op.get_bind()).get_table_names()):
+    if TABLE in existing_tables():
         return
     op.create_table(
         TABLE,
