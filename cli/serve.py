@@ -10,6 +10,12 @@ Each process reaches Temporal and checks Relay's setup there before it serves (`
 that cannot (a refused TLS handshake, a missing search attribute, Temporal unreachable for
 RELAY_TEMPORAL_CONNECT_TIMEOUT_SECS) logs one line and exits 1. The gateway does it before uvicorn starts, so the
 line is not buried under uvicorn's lifespan traceback; an outage after start is the contact loop's (``/readyz``).
+
+Stopping: SIGTERM to `relay gateway` drains it (``Gateway.step_down``: not ready and refusing upgrades at once, its
+executor sockets kept for RELAY_SHUTDOWN_DRAIN_SECS, then closed with 1012), then it stops and retires; a second
+SIGTERM, or a SIGINT, skips what is left of the drain, and a SIGINT first (Ctrl-C) stops it at once, as `relay dev`
+stops on either. SIGTERM to `relay worker` turns its ``/readyz`` 503 and stops its polling; the activities in flight
+get ``worker.build_worker``'s graceful shutdown timeout to finish.
 """
 
 from __future__ import annotations
@@ -18,16 +24,19 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Coroutine, Generator, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
+from datetime import timedelta
 from typing import Any, TypeVar
 
 import uvicorn
+from fastapi import FastAPI
 from temporalio.client import Client
 
 import worker
 from api.app import create_app
 from cli.devserver import TemporalDevServer
-from core import metrics
+from cli.worker_health import Polling, WorkerReadiness
+from core import metrics, units
 from core.errors import AuthError
 from core.models import make_engine
 from core.names import DEFAULT_ORG
@@ -42,21 +51,32 @@ from core.temporal import (
     temporal_connection,
 )
 from gateway.http_limits import http_protocol
+from gateway.runtime import Gateway
 from gateway.ws import executor_protocol, refusal_before_upgrade
 
 log = logging.getLogger("relay")
 T = TypeVar("T")
+# After its drain, how long `relay gateway` lets REST requests still in flight finish before uvicorn cancels them:
+# with the rest of its shutdown, the process is gone within about 10 s of the drain's end.
+GATEWAY_REQUESTS_GRACE = timedelta(seconds=5)
 
 
 class _Server(uvicorn.Server):
     """uvicorn re-raises captured signals after shutting down; Relay handles them itself instead."""
 
+    app: FastAPI  # the gateway's app, for its ``Gateway`` once the lifespan has built it
+
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
 
+    def gateway(self) -> Gateway | None:
+        """The running gateway; None before the lifespan has started it."""
+        gw: Gateway | None = getattr(self.app.state, "gateway", None)
+        return gw if self.started else None
 
-def _server(settings: Settings, client: Client) -> _Server:
+
+def _server(settings: Settings, client: Client, *, requests_grace: timedelta | None = None) -> _Server:
     app = create_app(settings, client=client)
     config = uvicorn.Config(
         app,
@@ -72,22 +92,39 @@ def _server(settings: Settings, client: Client) -> _Server:
         log_level="info",
         log_config=None,  # Relay's own logging (core.logs.configure): one format, RELAY_LOG_FORMAT, for every line
         lifespan="on",
+        timeout_graceful_shutdown=None if requests_grace is None else units.timedelta_to_seconds(requests_grace),
     )
-    return _Server(config)
+    server = _Server(config)
+    server.app = app
+    return server
 
 
-def _stop_on_signals(stop: asyncio.Event) -> None:
+def _stop_on_signals(stop: asyncio.Event, *, now: asyncio.Event | None = None) -> None:
+    """Set ``stop`` on SIGINT and SIGTERM. With ``now``, set that too on a SIGINT, or on a SIGTERM after the first:
+    a stop that skips the gateway's drain."""
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if now is not None and (sig == signal.SIGINT or stop.is_set()):
+            now.set()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, on_signal, sig)
 
 
-async def _serve_until(server: _Server, stop: asyncio.Event) -> None:
+async def _serve_until(server: _Server, stop: asyncio.Event, *,
+                       drain: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Serve until ``stop``; then ``drain`` (while uvicorn still serves), then stop uvicorn."""
     task = asyncio.create_task(server.serve())
     stopped = asyncio.create_task(stop.wait())
     await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    await task
+    try:
+        if drain is not None and not task.done():
+            await drain()
+    finally:  # a drain that failed still stops the server
+        server.should_exit = True
+        await task
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
@@ -135,17 +172,23 @@ def dev_key(settings: Settings, store: Store) -> str:
 
 
 @contextlib.contextmanager
-def _metrics(settings: Settings, *, registry: bool) -> Iterator[None]:
+def _metrics(settings: Settings, *, registry: bool,
+             probes: Callable[[Store], metrics.Readiness] | None = None) -> Iterator[None]:
     """This process's metrics listener for the block; with ``registry``, ``relay_executors`` too (its own engine:
-    a scrape must not take a connection the activities wait for). Never fails the process."""
+    a scrape must not take a connection the activities wait for); with ``probes``, ``/healthz`` and ``/readyz``,
+    whose readiness checks the database on that engine too. Never fails the process."""
     engine = None
-    if registry and settings.metrics_port:
+    if (registry or probes is not None) and settings.metrics_port:
         try:
             engine = make_engine(settings.db_url)
         except Exception as err:
             log.warning("relay_executors not exported: the database is unavailable: %s", type(err).__name__)
+    readiness: metrics.Readiness | None = None
+    if probes is not None:
+        readiness = probes(Store(engine)) if engine is not None else lambda: "the database was unavailable at start"
     try:
-        with metrics.serving(settings.metrics_host, settings.metrics_port, engine=engine):
+        with metrics.serving(settings.metrics_host, settings.metrics_port, engine=engine if registry else None,
+                             readiness=readiness):
             yield
     finally:
         if engine is not None:
@@ -183,14 +226,21 @@ async def dev(settings: Settings) -> None:
 
 async def gateway(settings: Settings) -> None:
     install_sdk_runtime(settings.temporal_metrics_address)
-    stop = asyncio.Event()
-    _stop_on_signals(stop)
+    stop, now = asyncio.Event(), asyncio.Event()
+    _stop_on_signals(stop, now=now)
     temporal = await _temporal(settings, stop)
     if temporal is None:
         return
     _, client = temporal
+    server = _server(settings, client, requests_grace=GATEWAY_REQUESTS_GRACE)
+
+    async def drain() -> None:
+        gw = server.gateway()
+        if gw is not None and not now.is_set():  # SIGTERM; not a SIGINT, nor before the gateway served
+            await gw.step_down(settings.shutdown_drain, now)
+
     with _metrics(settings, registry=False):
-        await _serve_until(_server(settings, client), stop)
+        await _serve_until(server, stop, drain=drain)
 
 
 async def run_worker(settings: Settings) -> None:
@@ -202,5 +252,11 @@ async def run_worker(settings: Settings) -> None:
     if temporal is None:
         return
     _, client = temporal
-    with _metrics(settings, registry=True):
-        await worker.run(settings, stop, client=client)
+    polling = Polling()
+    loop = asyncio.get_running_loop()
+
+    def probes(store: Store) -> metrics.Readiness:
+        return WorkerReadiness(polling=polling, client=client, store=store, stop=stop, loop=loop)
+
+    with _metrics(settings, registry=True, probes=probes):
+        await worker.run(settings, stop, client=polling.on(client))

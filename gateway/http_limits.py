@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS
 
+from core import units
 from core.problem import PROBLEM_JSON
 from core.problem import problem_body as _problem_body
 
@@ -66,11 +67,13 @@ def problem_body(status: int, detail: str) -> bytes:
     return _problem_body(status, HTTPStatus(status).phrase, detail)
 
 
-def raw_problem(status: int, detail: str) -> bytes:
-    """A whole HTTP/1.1 response carrying a problem, after which the connection is closed."""
+def raw_problem(status: int, detail: str, *, retry_after: timedelta | None = None) -> bytes:
+    """A whole HTTP/1.1 response carrying a problem, after which the connection is closed; with ``retry_after``,
+    a ``Retry-After`` header (whole seconds) saying the same request may succeed then."""
     body = problem_body(status, detail)
+    retry = "" if retry_after is None else f"retry-after: {units.timedelta_to_seconds(retry_after)}\r\n"
     head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\ncontent-type: {PROBLEM_JSON}\r\n"
-            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+            f"content-length: {len(body)}\r\n{retry}connection: close\r\n\r\n")
     return head.encode() + body
 
 

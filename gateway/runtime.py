@@ -58,6 +58,12 @@ SIGNAL_FAILURES_LOGGED_EVERY = 30  # a signal failing for minutes logs a line no
 FENCE_CLOSE_CODE = 1012
 FENCE_CLOSE_REASON = "gateway lost contact with Temporal; reconnect"
 FOUND_GONE_REASON = "gateway was found gone; reconnect"
+# Sockets closed at the end of a SIGTERM's drain (``Gateway.step_down``): 1012 too.
+RESTART_CLOSE_CODE = 1012
+RESTART_CLOSE_REASON = "gateway restarting; reconnect"
+# After closing them, how long the drain waits for the executors to answer the close (they do in milliseconds; a
+# peer that does not is cut off by uvicorn's shutdown next).
+CLOSE_WAIT = timedelta(seconds=2)
 # After the watch ends (or could not be checked), look again this long later.
 WATCH_RECHECK = timedelta(seconds=1)
 
@@ -79,6 +85,8 @@ class Gateway:
         # Fenced, or found gone by its watch (``keep_watched``): its sockets are closed, and upgrades are refused
         # until it is watched again and no longer recorded gone.
         self.rejoining = False
+        # SIGTERM (``step_down``): not ready, upgrades refused; the sockets it holds are kept until the drain ends.
+        self.draining = False
         self._left = 0  # times its watch found it gone (``_leave``)
         self._background: set[asyncio.Task[None]] = set()
         self._lanes = SignalLanes()
@@ -105,6 +113,24 @@ class Gateway:
                 log.info("gateway %s succeeds %s under the same identity: known gone, never probed again",
                          self.task_queue, ", ".join(earlier))
             yield
+
+    async def step_down(self, drain: timedelta, cut_short: asyncio.Event) -> None:
+        """SIGTERM: turn not ready and refuse upgrades at once (``draining``), keep the sockets for ``drain`` so the
+        load balancer, its readiness checks failing, stops sending executors here while they are still served, then
+        close them with 1012 so they reconnect through it to another gateway. ``cut_short`` (a second SIGTERM, a
+        SIGINT) ends the wait early. Retiring comes after this, once uvicorn has stopped (``retire``)."""
+        self.draining = True
+        log.info("shutting down: not ready, upgrades refused; keeping %d executor sockets for %g s, then closing "
+                 "them", len(self.hub), drain.total_seconds())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cut_short.wait(), drain.total_seconds())
+        held = len(self.hub)
+        await self.close_all(RESTART_CLOSE_CODE, RESTART_CLOSE_REASON)
+        # Each close is done when the executor answers it: its `disconnected` is sent then (``gateway.ws``).
+        deadline = time.monotonic() + CLOSE_WAIT.total_seconds()
+        while len(self.hub) and time.monotonic() < deadline:  # noqa: ASYNC110 - the hub has no event for "empty"
+            await asyncio.sleep(0.05)
+        log.info("drain over: closed %d executor sockets (%d still closing)", held, len(self.hub))
 
     async def retire(self) -> None:
         """Record this process gone, once its sockets are closed and no upgrade can come in, and before its worker

@@ -1,7 +1,8 @@
 """The executor socket ``/websocket/{app}/{key}``, spoken inside the connection's protocol object.
 
 An executor socket needs no ASGI app: uvicorn's websockets-sansio protocol already parses the upgrade and the
-frames. This subclass answers the upgrade itself (refusals before it, 401/403/404/429 with a problem body), runs
+frames. This subclass answers the upgrade itself (refusals before it, 401/403/404/429 with a problem body; 503, for
+"retry shortly", with ``Retry-After`` too), runs
 the ``executor_info`` handshake and the ``connected`` signal in one short task, and from then on handles each
 frame as it arrives, in ``data_received``: an idle executor costs its protocol object, its frame parser and its
 ``Connection``, with no task or coroutine kept per socket. Any other path goes to the ASGI app as usual.
@@ -31,9 +32,8 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState
 from websockets.http11 import Request, Response
 
-from core import metrics
+from core import metrics, units
 from core.errors import (
-    AuthError,
     ExecutorUnavailableError,
     ForbiddenError,
     IdentityError,
@@ -60,6 +60,10 @@ _PATH = re.compile(r"/websocket/([^/?]*)/([^/?]*)")
 _app_name = re.compile(APP_PATTERN)
 MALFORMED_AUDITED = 20  # per connection, before audit rows for malformed frames are rate-limited
 CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a close frame carries at most 123 bytes of reason
+# A 503 refusal (this gateway is draining or fenced, the database is away, the key's look-up must wait) says when to
+# try again: the SDKs retry every second anyway, and a load balancer sends the retry to a ready gateway.
+RETRY_AFTER = timedelta(seconds=1)
+DRAINING = "this gateway is shutting down; reconnect (to another)"
 # websockets logs every upgrade it answers at INFO ("connection open", "connection rejected (401 Unauthorized)"),
 # on uvicorn's logger, past Relay's rate limit: a flood of wrong keys made a line each. Relay logs its own
 # accepted and (rate-limited) refused lines; websockets' warnings and errors still come through.
@@ -153,11 +157,16 @@ class ExecutorSocket(LivenessProtocol):
                     "this gateway has lost contact with Temporal; reconnect (to another)"),
                     app=app_name, org=None, source_ip=source_ip, reason="fenced")
                 return None
+            if gw.draining:  # upgraded past the HTTP layer's check just before the drain began
+                await self._refuse(gw, ServiceUnavailableError(DRAINING), app=app_name, org=None,
+                                   source_ip=source_ip, reason="draining")
+                return None
             gw.admission.check_origin(request.headers.get("Origin"))
             if not (3 <= len(app_name) <= 30 and _app_name.match(app_name)):
                 raise NotFoundError("app names are 3-30 characters of [a-z0-9-_]")
-            gw.admission.check_key(digest)  # a wrong key ends here, with no database trip
+            gw.admission.check_key(digest, upgraded=True)  # a wrong key ends here, with no database trip
             principal, application = await asyncio.to_thread(_join, gw.store, key, app_name, source_ip)
+            gw.admission.remember_live(digest)  # the rest of a burst on a key made since the refresh goes through
             org = principal.org
             if application is None:
                 raise ForbiddenError(f"this key is not allowed for app {app_name!r}")
@@ -191,6 +200,8 @@ class ExecutorSocket(LivenessProtocol):
         body = problem_body(err.status, err.title, err.detail)
         headers = Headers([("Content-Type", PROBLEM_JSON), ("Content-Length", str(len(body))),
                            ("Connection", "close")])
+        if err.status == HTTPStatus.SERVICE_UNAVAILABLE:
+            headers["Retry-After"] = str(units.timedelta_to_seconds(RETRY_AFTER))
         self._respond(Response(err.status, HTTPStatus(err.status).phrase, headers, body))
 
     def _respond(self, response: Response) -> None:
@@ -433,9 +444,10 @@ def _report_refusal(gw: Gateway, err: RelayError, *, app: str, org: str | None, 
 
 
 def refusal_before_upgrade(gateway: GatewayOf) -> BeforeUpgrade:
-    """For the HTTP layer (``http_limits``): refuse an executor upgrade whose key is not live before the WebSocket
-    protocol object is built for it. Parsing the upgrade again and building that object cost about ten times the
-    HTTP parse: a flood of wrong keys kept the event loop busy, and good executors' handshakes waited behind it."""
+    """For the HTTP layer (``http_limits``): refuse an executor upgrade whose key is not live, or any upgrade while
+    the gateway drains, before the WebSocket protocol object is built for it. Parsing the upgrade again and building
+    that object cost about ten times the HTTP parse: a flood of wrong keys kept the event loop busy, and good
+    executors' handshakes waited behind it."""
 
     def check(target: str, source_ip: str) -> bytes | None:
         match = _PATH.fullmatch(target.partition("?")[0])
@@ -443,11 +455,14 @@ def refusal_before_upgrade(gateway: GatewayOf) -> BeforeUpgrade:
             return None
         gw = gateway()
         try:
+            if gw.draining:
+                raise ServiceUnavailableError(DRAINING)
             gw.admission.check_key(hash_key(unquote(match[2])))
-        except AuthError as err:
-            metrics.REFUSALS.labels(metrics.refusal_reason(err.status)).inc()
+        except RelayError as err:
+            metrics.REFUSALS.labels("draining" if gw.draining else metrics.refusal_reason(err.status)).inc()
             _report_refusal(gw, err, app=unquote(match[1]), org=None, source_ip=source_ip)
-            return raw_problem(err.status, err.detail)
+            retry = RETRY_AFTER if err.status == HTTPStatus.SERVICE_UNAVAILABLE else None
+            return raw_problem(err.status, err.detail, retry_after=retry)
         return None
 
     return check

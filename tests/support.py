@@ -128,6 +128,9 @@ def relay_env(data_dir: Path, **overrides: str) -> dict[str, str]:
         # No orphan sweep unless a test asks for one (tests/e2e/test_orphans.py): one would recover the PENDING
         # workflows a test leaves under executor ids it has stopped.
         "RELAY_ORPHAN_SWEEP_INTERVAL_SECS": "0",
+        # A stopped `relay gateway` closes its sockets at once unless a test asks for a drain (tests/e2e/test_drain.py):
+        # the 5 s default would only make every stop slower.
+        "RELAY_SHUTDOWN_DRAIN_SECS": "0",
     })
     env.update(overrides)
     return env

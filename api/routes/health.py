@@ -1,4 +1,5 @@
-"""Health: ``/healthz`` (liveness: the process serves) and ``/readyz`` (Temporal and the database reachable)."""
+"""Health: ``/healthz`` (liveness: the process serves) and ``/readyz`` (Temporal and the database reachable, and
+not shutting down)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from api.deps import GatewayDep
 from api.problems import responses
 from api.schemas import EXTENSION, Health
 from core.errors import ServiceUnavailableError
-from core.store import outage
+from core.store import Store, outage
 
 router = APIRouter(tags=["Health"])
 
@@ -32,6 +33,10 @@ READY_DB_TIMEOUT = timedelta(seconds=2)
 async def readyz(gateway: GatewayDep) -> Health:
     """Ready when this gateway is in contact with Temporal (not fenced) and its database answers; otherwise 503
     with the reason. A load balancer should send executors only to ready gateways."""
+    # From SIGTERM on (``Gateway.step_down``): not ready, at once and whatever else holds, so the load balancer stops
+    # sending executors here while the drain keeps their sockets.
+    if gateway.draining:
+        raise ServiceUnavailableError("shutting down: draining executor sockets; connect to another gateway")
     reasons = []
     contact = gateway.contact_state
     if not contact.in_contact:
@@ -40,10 +45,18 @@ async def readyz(gateway: GatewayDep) -> Health:
                        f"({contact.reason}){fenced}")
     elif gateway.rejoining:
         reasons.append("rejoining: executor sockets refused until this gateway is watched again")
-    try:
-        await asyncio.wait_for(asyncio.to_thread(gateway.store.ping), READY_DB_TIMEOUT.total_seconds())
-    except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason
-        reasons.append(f"database unreachable ({outage(err) if not isinstance(err, TimeoutError) else 'no answer'})")
+    if (database := await database_unreachable(gateway.store)) is not None:
+        reasons.append(database)
     if reasons:
         raise ServiceUnavailableError("; ".join(reasons))
     return Health()
+
+
+async def database_unreachable(store: Store) -> str | None:
+    """Why the database counts as unreachable for readiness, or None when it answers (the worker's ``/readyz``
+    asks the same)."""
+    try:
+        await asyncio.wait_for(asyncio.to_thread(store.ping), READY_DB_TIMEOUT.total_seconds())
+    except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason
+        return f"database unreachable ({outage(err) if not isinstance(err, TimeoutError) else 'no answer'})"
+    return None

@@ -29,7 +29,7 @@ from websockets.streams import StreamReader
 from websockets.uri import parse_uri
 
 from core import wire
-from core.errors import AuthError, IdentityError
+from core.errors import AuthError, IdentityError, ServiceUnavailableError
 from core.models import make_engine
 from core.store import Store, hash_key
 from gateway import http_limits, identity, ws
@@ -40,7 +40,17 @@ from gateway.revocation import Watcher
 from gateway.runtime import Gateway
 from tests.support import LogRecords
 from tests.transports import ServerTransport
-from tests.unit.test_wire_fuzz import JOINED, FakeGateway, Frame, Peer, _gateway_log, _protocol, _registered, _turns
+from tests.unit.test_wire_fuzz import (
+    JOINED,
+    FakeGateway,
+    FakeSettings,
+    Frame,
+    Peer,
+    _gateway_log,
+    _protocol,
+    _registered,
+    _turns,
+)
 from workflows.contracts.common import lifecycle_workflow_id
 
 
@@ -62,13 +72,13 @@ def store(tmp_path: Path) -> Iterator[Store]:
 # -- admission: the live keys, and the budget of look-ups for the others -----------------------------------------
 
 
-def test_a_key_not_live_is_refused_without_a_lookup_once_the_budget_is_spent() -> None:
+def test_a_key_not_live_is_told_to_retry_without_a_lookup_once_the_budget_is_spent() -> None:
     clock = Clock()
     a = Admission(clock=clock, unknown_key_lookups_per_second=2, live_keys=frozenset({"live"}))
     a.check_key("new-1")  # may be newer than the refresh: looked up
     a.check_key("new-2")
-    with pytest.raises(AuthError):
-        a.check_key("new-3")  # budget spent: refused from memory
+    with pytest.raises(ServiceUnavailableError):
+        a.check_key("new-3")  # budget spent: no look-up, and no verdict either (it may be a new key): retry
     for _ in range(100):
         a.check_key("live")  # a live key is never refused here (the database decides)
     clock.now += 0.5
@@ -85,14 +95,35 @@ def test_one_upgrade_costs_one_lookup_however_many_layers_check_it() -> None:
     clock = Clock()
     a = Admission(clock=clock, unknown_key_lookups_per_second=1, live_keys=frozenset())
     a.check_key("new")  # the HTTP layer, before the upgrade
-    a.check_key("new")  # the socket, after it: the same look-up
-    with pytest.raises(AuthError):
-        a.check_key("new")  # a third check is another upgrade, and the budget is spent
+    a.check_key("new", upgraded=True)  # the socket, after it: the same look-up
+    with pytest.raises(ServiceUnavailableError):
+        a.check_key("new")  # another upgrade, and the budget is spent
     a.remember_unknown("other")
     clock.now += 1
     with pytest.raises(AuthError):
         a.check_key("other")  # unknown moments ago: refused without spending the budget...
     a.check_key("third")  # ...which is still there
+
+
+async def test_sixty_upgrades_at_once_on_a_key_made_a_moment_ago_are_never_told_it_is_wrong(store: Store) -> None:
+    """Sixty executors dial at once with a key made since the gateway's last refresh of the live keys (it was
+    refused 24 of them with 401 "unknown or revoked API key"). The look-up budget lets ten through to the database
+    and tells the rest to retry (503, ``Retry-After``); once one got in, the key is known live, and every retry
+    passes without a look-up."""
+    clock = Clock()  # time stands still: the budget is ten look-ups, no more
+    gw = FakeGateway(store=cast(Any, store), settings=FakeSettings(handshake_timeout=timedelta(milliseconds=1)))
+    gw.admission = Admission(clock=clock, live_keys=frozenset())  # refreshed before the key was made
+    key = store.create_key(org="acme", name="fleet")
+    check = ws.refusal_before_upgrade(lambda: cast(Gateway, gw))
+    first = [check(f"/websocket/shop/{key}", f"10.0.0.{n}") for n in range(60)]  # before any look-up is done
+    retry = [a for a in first if a is not None]
+    assert len(retry) == 50 and all(a.startswith(b"HTTP/1.1 503 ") and b"\r\nretry-after: 1\r\n" in a
+                                    for a in retry)
+    # The ten let through: each socket's own check uses the look-up granted before its upgrade.
+    assert await asyncio.gather(*(_upgrade_status(gw, key) for _ in range(10))) == [101] * 10
+    again = [check(f"/websocket/shop/{key}", f"10.0.0.{n}") for n in range(50)]
+    assert again == [None] * 50
+    assert await asyncio.gather(*(_upgrade_status(gw, key) for _ in range(50))) == [101] * 50
 
 
 async def test_the_watcher_keeps_the_live_key_hashes_even_with_no_socket(store: Store) -> None:
@@ -133,6 +164,8 @@ async def _upgrade_status(gw: FakeGateway, key: str, app: str = "shop") -> int |
 
 
 def test_wrong_keys_are_refused_before_the_upgrade_and_reported_once() -> None:
+    """Past the look-up budget a key not known live is told to retry (503, ``Retry-After``), never that it is wrong:
+    only the database says that, and a key it found unknown moments ago is refused (401) from memory."""
     gw = FakeGateway()
     gw.admission = Admission(clock=time.monotonic, unknown_key_lookups_per_second=1e-9, live_keys=frozenset())
     live = "dbos_" + "l" * 43
@@ -140,10 +173,14 @@ def test_wrong_keys_are_refused_before_the_upgrade_and_reported_once() -> None:
     check = ws.refusal_before_upgrade(lambda: cast(Gateway, gw))
     with _gateway_log() as log:
         answers = [check(f"/websocket/shop/dbos_{secrets.token_urlsafe(32)}", "10.0.0.9") for _ in range(200)]
-    assert all(a is not None and a.startswith(b"HTTP/1.1 401 ") and b"application/problem+json" in a
-               for a in answers)
-    assert json.loads(answers[0].partition(b"\r\n\r\n")[2])["status"] == 401  # type: ignore[union-attr]
+    assert all(a is not None and a.startswith(b"HTTP/1.1 503 ") and b"application/problem+json" in a
+               and b"\r\nretry-after: 1\r\n" in a for a in answers)
+    assert json.loads(answers[0].partition(b"\r\n\r\n")[2])["status"] == 503  # type: ignore[union-attr]
     assert len([r for r in log if "refused executor connection" in r.getMessage()]) == 1
+    wrong = "dbos_" + "w" * 43
+    gw.admission.remember_unknown(hash_key(wrong))  # the database said so
+    refused = check(f"/websocket/shop/{wrong}", "10.0.0.9")
+    assert refused is not None and refused.startswith(b"HTTP/1.1 401 ") and b"retry-after" not in refused
     assert check(f"/websocket/shop/{live}", "10.0.0.9") is None  # a live key goes on to the upgrade
     assert check("/v2/orgs/local/apps", "10.0.0.9") is None  # not an executor path
 
@@ -158,7 +195,7 @@ async def test_an_executor_refusal_writes_no_line_of_websockets_own() -> None:
     uvicorn_log.addHandler(handler)
     try:
         for _ in range(3):
-            assert await _upgrade_status(gw, "dbos_" + "w" * 43) == 401
+            assert await _upgrade_status(gw, "dbos_" + "w" * 43) == 503  # the look-up budget is spent: retry
     finally:
         uvicorn_log.removeHandler(handler)
         uvicorn_log.setLevel(level)

@@ -424,6 +424,7 @@ class FakeGateway:
     admission: Admission = field(default_factory=lambda: Admission(clock=lambda: 0.0))  # time stands still
     task_queue: str = "relay-gateway-fuzz"
     fenced: bool = False  # in contact with Temporal: upgrades are not refused for want of it
+    draining: bool = False  # not shutting down (SIGTERM): upgrades are not refused for that either
     connected: list[ConnectedSignal] = field(default_factory=list)
     disconnected: list[str] = field(default_factory=list)
     background: list[asyncio.Future[object]] = field(default_factory=list)
