@@ -24,7 +24,7 @@ from temporalio.service import RPCError
 from temporalio.worker import Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
-from activities.alerts import AlertActivities
+from activities.alerts import AlertActivities, OwnAlertActivities
 from activities.gate import GateActivities
 from activities.orphans import OrphanActivities
 from activities.reconcile import ReconcileActivities
@@ -34,7 +34,7 @@ from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
 from core.temporal import connect, temporal_connection
-from workflows.alerts import AlertsWorkflow
+from workflows.alerts import AlertsWorkflow, OwnAlertWorkflow
 from workflows.contracts.alerts import ALERTS_SCHEDULE_ID, AlertsInput
 from workflows.contracts.common import SHARED_TASK_QUEUE
 from workflows.contracts.orphans import ORPHANS_SCHEDULE_ID, OrphanSweepInput
@@ -64,11 +64,15 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         client,
         task_queue=task_queue,
         workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow,
-                   AlertsWorkflow, OrphanSweepWorkflow, ReconcileWorkflow],
+                   AlertsWorkflow, OwnAlertWorkflow, OrphanSweepWorkflow, ReconcileWorkflow],
         activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all(), *GateActivities(store).all(),
-                    *alerts.all(), *OrphanActivities(store).all(), *ReconcileActivities(store).all()],
+                    *alerts.all(), *OwnAlertActivities(store, settings).all(), *OrphanActivities(store).all(),
+                    *ReconcileActivities(store).all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
         sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        # On SIGTERM polling stops, and the activities in flight get this long to finish before they are cancelled
+        # (the longest, an alert webhook's POST, gives up after 10 s); within the 30 s stop grace in deploy/.
+        graceful_shutdown_timeout=timedelta(seconds=15),
         # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
         # re-importing them for every workflow run is most of the cost of starting one (the connect-storm benchmark).
         workflow_runner=SandboxedWorkflowRunner(
@@ -107,7 +111,7 @@ def retention_schedule(settings: Settings) -> Schedule:
         action=ScheduleActionStartWorkflow(
             RetentionWorkflow.run,
             RetentionInput(interval=settings.retention_interval, gc_batch_size=settings.retention_gc_batch_size,
-                           reply_timeout=settings.recovery_timeout),
+                           reply_timeout=settings.recovery_timeout, audit_retention=settings.audit_retention),
             id=RETENTION_SCHEDULE_ID,  # the schedule appends the nominal time to each run's id
             task_queue=SHARED_TASK_QUEUE,
             static_summary="Relay retention round",

@@ -1,5 +1,7 @@
-"""Activities of the alerts round (``workflows.alerts``), run by the worker on the shared task queue: the
-database ones (rules and their state, Relay's own alert events, the audit trail) and the webhook POST.
+"""Activities of the alerts workflows (``workflows.alerts``), run by the worker on the shared task queue: the
+database ones (rules and their state, Relay's own alert events and their rate, the audit trail), the webhook POST,
+and starting the delivery of one of Relay's own alerts (``start_own_alert_delivery``: for the lifecycle workflow
+and the round, and called by the orphan sweep's activity right after it writes its row).
 
 The webhook: ``POST RELAY_ALERT_WEBHOOK_URL`` with the JSON body of ``core.alerts.webhook_body``, and, when
 ``RELAY_ALERT_WEBHOOK_SECRET`` is set, ``X-Relay-Signature: sha256=<hex HMAC-SHA256 of the exact body>``. A
@@ -10,6 +12,7 @@ may carry a token of its own), only its host.
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -19,16 +22,27 @@ from urllib.parse import urlsplit
 import httpx
 from pydantic import SecretStr
 from temporalio import activity
-from temporalio.exceptions import ApplicationError
+from temporalio.client import Client
+from temporalio.common import WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
-from core import alerts
+from core import alerts, own_alerts
+from core.logs import OncePerKey
 from core.models import AlertingRule, AuditLog
+from core.settings import Settings
 from core.store import Store
+from core.temporal import data_converter
 from workflows.contracts.alerts import (
+    OWN_ALERT_WORKFLOW,
     AdvanceAlertWatermarkInput,
     AlertRound,
+    ClaimOwnAlertInput,
+    DeliveryOptions,
     EvaluateAlertRuleInput,
     LoadAlertRoundInput,
+    OwnAlertClaim,
+    OwnAlertEvent,
+    OwnAlertInput,
     OwnEvents,
     RuleOutcome,
     RuleState,
@@ -36,8 +50,11 @@ from workflows.contracts.alerts import (
     SendAlertWebhookInput,
     WebhookResult,
     WriteAlertAuditInput,
+    own_alert_workflow_id,
 )
-from workflows.contracts.common import Activity
+from workflows.contracts.common import SHARED_TASK_QUEUE, Activity
+
+log = logging.getLogger("relay.worker")
 
 # Audit rows committed a little after their emit time (the row's time is taken before its transaction commits)
 # must not fall behind the watermark: the round reads only up to this long ago.
@@ -55,6 +72,7 @@ class AlertActivities:
         self._url = webhook_url or None
         self._secret = webhook_secret
         self._transport = transport  # tests: an in-process receiver
+        self._skipped = OncePerKey(log)
 
     @activity.defn(name=Activity.LOAD_ALERT_ROUND)
     async def load_alert_round(self, input: LoadAlertRoundInput) -> AlertRound:
@@ -62,11 +80,24 @@ class AlertActivities:
         until = input.now - AUDIT_SETTLE
         events, _start = await self._store.call(self._store.own_alert_events, list(alerts.OWN_OPERATIONS),
                                                  until=until, lookback=input.lookback)
-        states = [rule_state(rule, healthy, since) for rule, healthy, since in rows]
-        rules = [r for r in states if readable(r)]
+        rules = [r for r in (self._readable(*row) for row in rows) if r is not None]
         for r in rules:
             r.query = alerts.aggregates_query(r, input.now)  # at the round's clock: the window the round decides
-        return AlertRound(rules=rules, own=group_own_events(events), audit_until=until)
+        return AlertRound(rules=rules, own=group_own_events(events), audit_until=until,
+                          own_events=[own_event(row) for row in events if row.app is not None])
+
+    def _readable(self, rule: AlertingRule, healthy: int, since: datetime | None) -> RuleState | None:
+        """The rule as the round carries it, or None (logged once per rule) when it cannot be read or carried."""
+        problem = alerts.stored_rule_problem(rule.rule_type, rule.rule_metadata)
+        state = rule_state(rule, healthy, since) if problem is None else None
+        if state is not None:
+            problem = uncarried(state)
+        if problem is None:
+            return state
+        self._skipped.warning(rule.id, "alerting rule %s of %s/%s skipped by every alerts round: %s; delete it "
+                              "(DELETE /v2/orgs/%s/apps/%s/alerting-rules/%s)", rule.id, rule.org, rule.app, problem,
+                              rule.org, rule.app, rule.id)
+        return None
 
     @activity.defn(name=Activity.EVALUATE_ALERT_RULE)
     async def evaluate_alert_rule(self, input: EvaluateAlertRuleInput) -> RuleOutcome:
@@ -132,14 +163,70 @@ def rule_state(rule: AlertingRule, healthy: int, unhealthy_since: datetime | Non
         unhealthy_since=unhealthy_since)
 
 
-def readable(rule: RuleState) -> bool:
-    """Whether the rule's metadata can be read (the REST API refuses any other; a row edited by hand is skipped,
-    not allowed to fail the whole round)."""
+def uncarried(rule: RuleState) -> str | None:
+    """Why the rule cannot travel in a round's payload (None: it can). ``core.alerts.stored_rule_problem`` bounds
+    its metadata; this asks Temporal's own converter, so whatever else it would refuse is found here, for this
+    rule alone, not when the round's whole batch is serialized (which failed every round for every org)."""
     try:
-        alerts.parse_metadata(rule.rule_type, rule.metadata)
-    except ValueError:
+        data_converter.payload_converter.to_payloads([rule])
+    except (ValueError, TypeError, RecursionError) as err:  # pydantic's PydanticSerializationError is a ValueError
+        return f"not serializable: {err}"
+    return None
+
+
+def own_event(row: AuditLog) -> OwnAlertEvent:
+    """An own-alert audit row as its writer handed it to ``start_own_alert``: the same key, so the same alert."""
+    return OwnAlertEvent(row.org, row.app or "", row.operation, row.event_key or f"audit/{row.id}", row.emit_time,
+                         row.executor_id, dict(row.details or {}))
+
+
+async def start_own_alert_delivery(client: Client, event: OwnAlertEvent, *,
+                                   task_queue: str = SHARED_TASK_QUEUE) -> bool:
+    """Start the ``OwnAlertWorkflow`` of an own-alert row's alert; False when it was started already.
+
+    Its id derives from the row's event key and a used id is never reused (``REJECT_DUPLICATE``, closed runs
+    included, for as long as the namespace keeps them), so however often and by whom a row's alert is started (its
+    writer, a retry, the round), it is delivered once."""
+    alert = own_alerts.alert_of(event)
+    try:
+        await client.start_workflow(
+            OWN_ALERT_WORKFLOW, OwnAlertInput(alert, event.operation), id=own_alert_workflow_id(alert.alert_id),
+            task_queue=task_queue, id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+            static_summary=f"{alert.kind} alert of {event.org}/{event.app}")
+    except WorkflowAlreadyStartedError:
         return False
     return True
+
+
+class OwnAlertActivities:
+    """Relay's own alerts as they happen (``workflows.alerts.OwnAlertWorkflow``): starting one's delivery, and its
+    rate (``core.own_alerts``). Bound to one ``Store`` and the worker's settings (defaults without them)."""
+
+    def __init__(self, store: Store, settings: Settings | None = None, *,
+                 task_queue: str = SHARED_TASK_QUEUE) -> None:
+        self._store = store
+        self._rates = own_alerts.OwnAlertRates(store.engine)
+        self._task_queue = task_queue
+        settings = settings or Settings.model_construct()  # the defaults, not the environment
+        self._min_interval = settings.own_alert_min_interval
+        self._options = DeliveryOptions(reply_timeout=settings.management_timeout)
+
+    @activity.defn(name=Activity.START_OWN_ALERT)
+    async def start_own_alert(self, input: OwnAlertEvent) -> bool:
+        return await start_own_alert_delivery(activity.client(), input, task_queue=self._task_queue)
+
+    @activity.defn(name=Activity.CLAIM_OWN_ALERT)
+    async def claim_own_alert(self, input: ClaimOwnAlertInput) -> OwnAlertClaim:
+        a = input.alert
+        outcome = await self._store.call(self._rates.claim, org=a.org, app=a.app, kind=a.kind, alert_id=a.alert_id,
+                                         now=input.now, min_interval=self._min_interval,
+                                         held_behind=input.held_behind)
+        text = own_alerts.message(a, outcome, flushed=input.held_behind is not None)
+        return OwnAlertClaim(outcome.send, text, flush_at=outcome.flush_at, held_behind=outcome.held_behind,
+                             options=self._options)
+
+    def all(self) -> list[Callable[..., Any]]:
+        return [self.start_own_alert, self.claim_own_alert]
 
 
 def group_own_events(rows: list[AuditLog]) -> list[OwnEvents]:

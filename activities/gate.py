@@ -1,4 +1,6 @@
-"""The recovery gate's activity (``core.gate``), run by the worker as a local activity of the lifecycle workflow."""
+"""The recovery gate's activity (``core.gate``), run by the worker as a local activity of the lifecycle workflow.
+An admission that trips the breaker says so (the trip's audit row), and the workflow starts its RecoveryBreaker
+alert."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
-from core.gate import GatePolicy
+from core.gate import GatePolicy, breaker_event_key
 from core.settings import RecoverySettings
 from core.store import Store, outage, unavailable
 from workflows.contracts.common import Activity
@@ -48,7 +50,9 @@ class GateActivities:
                         decision.storm.get("population"), self.policy.window, self.policy.pace)
         if decision.reset:
             log.info("recovery-storm breaker of %s/%s reset", input.org, input.app)
-        return AdmitRecoveryReply(go=decision.go, until=decision.until, reason=decision.reason)
+        tripped = breaker_event_key(input.org, input.app, decision.trip) if decision.tripped else ""
+        return AdmitRecoveryReply(go=decision.go, until=decision.until, reason=decision.reason, tripped=tripped,
+                                  storm=dict(decision.storm))
 
     def all(self) -> list[Callable[..., Any]]:
         return [self.admit_recovery]

@@ -2,12 +2,15 @@
 sweep, the decision (``core.orphans``) with its audit row, and starting an orphan's lifecycle workflow.
 
 ``orphans.found`` is audited (and ``relay_orphans_found_total{org,app}`` counted) once per app per sweep that
-finds any, where its row is written. An orphan's lifecycle workflow is started as a gateway starts one (same id,
-shared queue, Relay's search attributes), but without a signal: ``LifecycleInput.orphan`` tells it what it is.
+finds any, where its row is written, and its ``OrphansFound`` alert's delivery is started right after
+(``activities.alerts.start_own_alert_delivery``; the alerts round starts it if that failed). An orphan's lifecycle
+workflow is started as a gateway starts one (same id, shared queue, Relay's search attributes), but without a
+signal: ``LifecycleInput.orphan`` tells it what it is.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -15,8 +18,10 @@ from temporalio import activity
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
+from activities.alerts import start_own_alert_delivery
 from core import metrics, orphans
 from core.store import Store
+from workflows.contracts.alerts import OwnAlertEvent
 from workflows.contracts.common import SHARED_TASK_QUEUE, Activity, lifecycle_workflow_id
 from workflows.contracts.lifecycle import LifecycleInput
 from workflows.contracts.orphans import (
@@ -35,6 +40,8 @@ RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
 RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
 # The lifecycle workflow's type, by name: the worker registers it (activities may not import workflow code).
 LIFECYCLE_WORKFLOW = "ExecutorLifecycleWorkflow"
+
+log = logging.getLogger("relay.worker")
 
 
 class OrphanActivities:
@@ -55,12 +62,19 @@ class OrphanActivities:
         registered = await self._store.call(self._store.registered_executor_ids)
         found = orphans.find_orphans(input.reply, registered=registered, now=input.now, min_age=input.min_age)
         if found:
+            details = orphans.audit_details(found, asked=input.asked, min_age=input.min_age)
             written = await self._store.call(
                 self._store.write_audit, org=input.org, app=input.app, operation="orphans.found",
-                status="failure", details=orphans.audit_details(found, asked=input.asked, min_age=input.min_age),
-                event_key=input.event_key)
+                status="failure", details=details, event_key=input.event_key)
             if written:
                 metrics.ORPHANS_FOUND.labels(input.org, input.app).inc(len(found))
+            # Also when a retry finds the row written: the alert's id comes from the row, so it is started once.
+            event = OwnAlertEvent(input.org, input.app, "orphans.found", input.event_key, input.now, None, details)
+            try:
+                await start_own_alert_delivery(activity.client(), event)
+            except Exception as err:  # any failure: the alerts round starts it from the row
+                log.warning("OrphansFound alert of %s/%s not started now (the alerts round will): %s", input.org,
+                            input.app, err)
         return found
 
     @activity.defn(name=Activity.START_ORPHAN_RECOVERY)

@@ -20,6 +20,7 @@ from pydantic import (
     Field,
     StringConstraints,
     field_validator,
+    model_validator,
 )
 
 from core import alerts, models, units
@@ -396,13 +397,22 @@ class RuleMetadata(BaseModel):
 
     model_config = ConfigDict(extra="allow", strict=True, json_schema_extra=extended(
         "Relay reads workflowName and minFailures (WorkflowFailure), queueName (SlowQueue; every queue when left "
-        "out) and thresholdSecs (SlowQueue, UnresponsiveApplication; default 60)"))
+        "out) and thresholdSecs (SlowQueue, UnresponsiveApplication; default 60); the whole object at most "
+        f"{alerts.MAX_METADATA_DEPTH} levels deep and {alerts.MAX_METADATA_BYTES} bytes as JSON"))
 
     workflowName: RuleName | None = None
     minFailures: Annotated[int, Field(ge=1, le=2**31 - 1), _JSON_INT] = 1
     queueName: RuleName | None = None
     thresholdSecs: Annotated[float, Field(gt=0, le=alerts.MAX_THRESHOLD.total_seconds())] = \
         alerts.DEFAULT_THRESHOLD.total_seconds()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bounded(cls, value: Any) -> Any:
+        """Stored metadata is bounded (``core.alerts.check_metadata_bounds``): a rule nested hundreds deep could
+        be stored but not shown, and failed every org's alerts round."""
+        alerts.check_metadata_bounds(value)
+        return value
 
 
 class CreateAlertInputBody(InputBody):

@@ -6,8 +6,9 @@ in ``workflows.contracts.alerts``.
 
 Kinds. The upstream rule types (``WorkflowFailure``, ``SlowQueue``, ``UnresponsiveApplication``), each from an
 alerting rule of the REST API, and Relay's own, from audit rows that need an operator's eye, sent to the app's
-own receivers without any rule: ``RecoveryBlocked`` (``executor.recovery.blocked``), ``RecoveryBreaker``
-(``app.recovery.breaker_tripped``) and ``OrphansFound`` (``orphans.found``).
+own receivers without any rule: ``RecoveryBlocked`` (``executor.recovery.blocked``), its resolution
+``RecoveryUnblocked`` (``executor.recovery.unblocked``), ``RecoveryBreaker`` (``app.recovery.breaker_tripped``)
+and ``OrphansFound`` (``orphans.found``). They go out as they happen (``core.own_alerts``).
 
 ``ruleMetadata`` (free-form upstream) is read as, every key optional unless said::
 
@@ -16,7 +17,9 @@ own receivers without any rule: ``RecoveryBlocked`` (``executor.recovery.blocked
     UnresponsiveApplication  {"thresholdSecs": number > 0 (60)}
 
 Unknown keys are kept and ignored; a known key of the wrong type is refused when the rule is created (422: the
-REST schema, ``api.schemas.RuleMetadata``, states the same bounds).
+REST schema, ``api.schemas.RuleMetadata``, states the same bounds), and so is metadata nested deeper than
+``MAX_METADATA_DEPTH`` or larger than ``MAX_METADATA_BYTES`` as JSON (``check_metadata_bounds``): every round
+carries every org's rules through Temporal's pydantic converter, whose serializer gives up on deep values.
 
 When a rule fires:
 
@@ -52,12 +55,14 @@ class OwnKind(StrEnum):
     """Relay's own alerts, and the audit operation each comes from."""
 
     RECOVERY_BLOCKED = "RecoveryBlocked"
+    RECOVERY_UNBLOCKED = "RecoveryUnblocked"
     RECOVERY_BREAKER = "RecoveryBreaker"
     ORPHANS_FOUND = "OrphansFound"
 
 
 OWN_OPERATIONS: dict[str, OwnKind] = {
     "executor.recovery.blocked": OwnKind.RECOVERY_BLOCKED,
+    "executor.recovery.unblocked": OwnKind.RECOVERY_UNBLOCKED,
     "app.recovery.breaker_tripped": OwnKind.RECOVERY_BREAKER,
     "orphans.found": OwnKind.ORPHANS_FOUND,
 }
@@ -66,6 +71,11 @@ DEFAULT_THRESHOLD = timedelta(seconds=60)
 WINDOW_LAG = timedelta(seconds=2)
 MAX_THRESHOLD = timedelta(days=365)
 MAX_NAME = 1000  # a workflow or queue name in ruleMetadata
+# ruleMetadata as stored: objects and arrays nested at most this deep, at most this long as compact JSON. Far below
+# pydantic's serializer's own depth limit (a rule 300 deep failed every round), and small beside Temporal's 2 MB
+# payload, which one round's rules of every org share.
+MAX_METADATA_DEPTH = 32
+MAX_METADATA_BYTES = 8 * 1024
 
 
 # -- ruleMetadata ------------------------------------------------------------------------------------------------
@@ -93,6 +103,35 @@ def parse_metadata(rule_type: RuleType, metadata: Any) -> RuleParams:
     if rule_type is RuleType.SLOW_QUEUE:
         return RuleParams(queue_name=_name(metadata, "queueName"), threshold=_threshold(metadata))
     return RuleParams(threshold=_threshold(metadata))
+
+
+def check_metadata_bounds(metadata: Any) -> None:
+    """``ValueError`` (saying which bound) for ruleMetadata nested deeper than ``MAX_METADATA_DEPTH`` or larger
+    than ``MAX_METADATA_BYTES`` as compact JSON. The depth is measured without recursion, so any value can be asked."""
+    level: list[Any] = [metadata]
+    depth = 0
+    while level:
+        containers = [v for v in level if isinstance(v, dict | list)]
+        if not containers:
+            break
+        depth += 1
+        if depth > MAX_METADATA_DEPTH:
+            raise ValueError(f"ruleMetadata is nested deeper than {MAX_METADATA_DEPTH} levels")
+        level = [item for c in containers for item in (c.values() if isinstance(c, dict) else c)]
+    size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"ruleMetadata is {size} bytes as JSON, more than {MAX_METADATA_BYTES}")
+
+
+def stored_rule_problem(rule_type: str, metadata: Any) -> str | None:
+    """Why a stored rule cannot be shown or evaluated (None: it can): what the REST API refuses at creation, found
+    in a row stored before it did (or edited by hand). Such a rule is skipped, never allowed to fail the others."""
+    try:
+        parse_metadata(RuleType(rule_type), metadata)
+        check_metadata_bounds(metadata)
+    except (ValueError, RecursionError) as err:
+        return str(err) or type(err).__name__
+    return None
 
 
 def _name(metadata: dict[str, Any], key: str) -> str | None:
@@ -262,9 +301,13 @@ def _iso(t: datetime) -> str:
 def own_message(events: OwnEvents) -> str:
     kind = OWN_OPERATIONS[events.operation]
     who = f" (executors: {', '.join(sorted(set(events.executor_ids))[:5])})" if events.executor_ids else ""
-    reason = events.latest_details.get("reason") or events.latest_details.get("detail")
+    details = events.latest_details
+    reason = details.get("reason") or details.get("detail")
+    if not reason and "down" in details and "population" in details:  # the breaker's row
+        reason = f"{details['down']} of {details['population']} executors went down at once; recoveries are paced"
     tail = f": {str(reason)[:300]}" if reason else ""
-    return f"{kind.value} in app {events.app!r}: {events.count} × {events.operation}{who}{tail}"
+    what = events.operation if events.count == 1 else f"{events.count} × {events.operation}"
+    return f"{kind.value} in app {events.app!r}: {what}{who}{tail}"
 
 
 # -- the webhook -------------------------------------------------------------------------------------------------

@@ -87,6 +87,12 @@ class Decision:
     tripped: bool = False  # this admission tripped the breaker: write the alert
     reset: bool = False  # this admission found the breaker's storm over and reset it
     storm: dict[str, int] = field(default_factory=dict)  # down / population, when it tripped
+    trip: int = 0  # when it tripped: the app's trip number (``breaker_event_key``)
+
+
+def breaker_event_key(org: str, app: str, trip: int) -> str:
+    """The key of a trip's ``app.recovery.breaker_tripped`` row: one row, and one alert, per trip."""
+    return f"recovery-breaker/{org}/{app}/{trip}"
 
 
 def storm_size(now: datetime, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket],
@@ -140,6 +146,7 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
         return ticket, _hold(ticket, PAUSED, min(pause_until, now + policy.pause_recheck))
     reset = tripped = False
     storm: dict[str, int] = {}
+    trip = 0
     if ticket.slot_at is None:
         if breaker.tripped_at is not None and storm_over(now, executor_id, registry, tickets, policy):
             breaker.tripped_at, reset = None, True
@@ -149,7 +156,7 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
                                           healthy_left_out=healthy_left_out)
             if tripping(down, population, policy):
                 breaker.tripped_at, breaker.trips, tripped = now, breaker.trips + 1, True
-                storm = {"down": down, "population": population}
+                storm, trip = {"down": down, "population": population}, breaker.trips
         ticket.slot_at = _slot(now, breaker, paced=breaker.tripped_at is not None or ticket.paused, policy=policy)
     wait = ticket.slot_at
     if wait <= now and _spaced(ticket, breaker) and breaker.last_granted_at is not None:
@@ -158,10 +165,10 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
         wait = max(wait, breaker.last_granted_at + policy.pace * SPACING)
     if wait <= now:
         ticket.granted_at = breaker.last_granted_at = now
-        return ticket, Decision(go=True, tripped=tripped, reset=reset, storm=storm)
+        return ticket, Decision(go=True, tripped=tripped, reset=reset, storm=storm, trip=trip)
     held = _hold(ticket, PACED, wait)
     return ticket, Decision(go=False, until=held.until, reason=PACED, first_hold=held.first_hold, tripped=tripped,
-                            reset=reset, storm=storm)
+                            reset=reset, storm=storm, trip=trip)
 
 
 def _spaced(ticket: Ticket, breaker: Breaker) -> bool:

@@ -101,6 +101,24 @@ class WarningsOnly(logging.LoggerAdapter[logging.Logger]):
         return level >= logging.WARNING and self.logger.isEnabledFor(level)
 
 
+class OncePerKey:
+    """A warning logged the first time its key is seen in this process, not again: for a condition found again on
+    every look (a stored row that cannot be read, skipped each time it is read). At most ``keep`` keys are kept."""
+
+    def __init__(self, logger: logging.Logger, *, keep: int = 10_000) -> None:
+        self._logger = logger
+        self._keep = keep
+        self._seen: set[str] = set()
+
+    def warning(self, key: str, msg: str, *args: object) -> None:
+        if key in self._seen:
+            return
+        if len(self._seen) >= self._keep:
+            self._seen.clear()
+        self._seen.add(key)
+        self._logger.warning(msg, *args)
+
+
 ACTIVITY_LOGGER = "temporalio.activity"  # the SDK's worker logs "Completing activity as failed" here
 
 

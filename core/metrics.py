@@ -12,7 +12,8 @@ counter or histogram is observed where its event happens, in the process where i
   a socket closed on the gateway to HEALTHY or DISCONNECTED in the registry: two processes' wall clocks, so on two
   hosts their skew counts too),
   ``relay_executor_transitions_total{org,app,status}``, ``relay_retention_rounds_total{org,app,outcome}``
-  (``succeeded`` and ``failed`` per attempt, ``skipped``);
+  (``succeeded`` and ``failed`` per attempt, ``skipped``), ``relay_audit_rows_pruned_total`` (audit rows past
+  RELAY_AUDIT_RETENTION_DAYS deleted, counted per batch committed);
 - the gateway (``gateway``): ``relay_handshake_seconds`` (upgrade request to ``executor_info`` reply),
   ``relay_refusals_total{reason}`` (upgrades refused, handshakes failed), ``relay_gateway_connections``,
   ``relay_management_requests_total{operation,status}`` and ``relay_management_request_seconds{operation}``.
@@ -26,7 +27,8 @@ or a key. Counters are incremented once per event: the activities count a row on
 (see ``activities.registry``).
 
 ``serving`` starts the listener, on ``RELAY_METRICS_HOST:RELAY_METRICS_PORT``. A port that cannot be bound is
-logged and skipped: recovery never stops because of metrics. The Temporal SDK's metrics come from its own
+logged and skipped: recovery never stops because of metrics. Given a ``Readiness``, it serves ``/healthz`` and
+``/readyz`` too: the worker's probes, as it has no other HTTP port. The Temporal SDK's metrics come from its own
 exporter (``core.temporal.install_sdk_runtime``), on a port of their own (RELAY_TEMPORAL_METRICS_PORT).
 """
 
@@ -34,10 +36,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import socket
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from wsgiref.simple_server import WSGIServer
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from prometheus_client import (
     CollectorRegistry,
@@ -47,8 +52,9 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
-    start_http_server,
+    make_wsgi_app,
 )
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import Engine, func
@@ -56,6 +62,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import select
 
 from core.models import Application, Executor
+from core.problem import PROBLEM_JSON, problem_body
 from workflows.contracts.common import ExecutorStatus
 
 log = logging.getLogger("relay.metrics")
@@ -95,6 +102,9 @@ MANAGEMENT_SECONDS = Histogram("relay_management_request_seconds", "Workflow man
                                ["operation"], buckets=_FAST, registry=REGISTRY)
 RETENTION_ROUNDS = Counter("relay_retention_rounds", "Retention rounds: succeeded and failed per attempt, "
                            "skipped.", ["org", "app", "outcome"], registry=REGISTRY)
+
+AUDIT_ROWS_PRUNED = Counter("relay_audit_rows_pruned", "Audit rows older than the audit retention, deleted by the "
+                            "retention rounds.", registry=REGISTRY)
 
 ORPHANS_FOUND = Counter("relay_orphans_found", "Executor ids with old PENDING workflows and no registry row, found "
                         "by the orphan sweep (each found once per sweep).", ["org", "app"], registry=REGISTRY)
@@ -181,17 +191,64 @@ class Listener:
     port: int
 
 
+# What ``/readyz`` on the listener answers: None when ready, else why not (the detail of a 503 problem). Called on
+# the listener's thread, once per probe.
+Readiness = Callable[[], str | None]
+OK_BODY = b'{"status":"ok"}'  # the REST app's ``Health``
+
+
+def with_probes(app: WSGIApplication, readiness: Readiness) -> WSGIApplication:
+    """``app`` with ``/healthz`` (200 while the process serves) and ``/readyz`` (200, or 503 with the reason)."""
+
+    def probes(environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        if path not in ("/healthz", "/readyz"):
+            return app(environ, start_response)
+        reason = readiness() if path == "/readyz" else None
+        if reason is None:
+            status, content_type, body = "200 OK", "application/json", OK_BODY
+        else:
+            status, content_type = "503 Service Unavailable", PROBLEM_JSON
+            body = problem_body(503, "Service Unavailable", reason)
+        start_response(status, [("Content-Type", content_type), ("Content-Length", str(len(body)))])
+        return [body]
+
+    return probes
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape or a probe every few seconds: no line each
+        pass
+
+
+def _start(host: str, port: int, app: WSGIApplication) -> tuple[WSGIServer, threading.Thread]:
+    """prometheus-client's ``start_http_server``, serving ``app``: a thread per request, on the address family
+    ``host`` resolves to."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+
+    class Server(ThreadingWSGIServer):
+        address_family = family
+
+    server = make_server(str(address[0]), port, app, Server, handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, name="relay-metrics", daemon=True)
+    thread.start()
+    return server, thread
+
+
 @contextlib.contextmanager
-def serving(host: str, port: int, *, engine: Engine | None = None) -> Iterator[Listener | None]:
-    """Serve ``GET /metrics`` on ``host:port`` (a thread) for the block; ``relay_executors`` from ``engine``.
+def serving(host: str, port: int, *, engine: Engine | None = None,
+            readiness: Readiness | None = None) -> Iterator[Listener | None]:
+    """Serve ``GET /metrics`` on ``host:port`` (a thread) for the block; ``relay_executors`` from ``engine``; with
+    ``readiness``, ``/healthz`` and ``/readyz`` too (``with_probes``).
 
     Yields None (and serves nothing) when ``port`` is 0 or cannot be bound: a warning, never a failure.
     """
     if not port:
         yield None
         return
+    app = make_wsgi_app(registry_with(engine))
     try:
-        server, thread = start_http_server(port, host, registry=registry_with(engine))
+        server, thread = _start(host, port, app if readiness is None else with_probes(app, readiness))
     except OSError as err:
         log.warning("metrics listener not started on %s:%d: %s; Relay runs on without it", host, port, err)
         yield None

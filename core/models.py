@@ -16,7 +16,7 @@ from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, 
 from sqlmodel import Field, SQLModel, create_engine
 
 from core import migrations
-from core.settings import DatabaseSettings
+from core.settings import DatabaseSettings, Settings
 from workflows.contracts.common import ExecutorStatus
 
 
@@ -207,14 +207,22 @@ class GatewayProcess(SQLModel, table=True):
 PG_CONNECT_TIMEOUT_S = 5
 
 
-def make_engine(url: str, database: DatabaseSettings | None = None) -> Engine:
-    """Engine on a database migrated to the newest schema (``core.migrations``: every process that opens the store
-    applies them at start-up, safely when several start at once). SQLite gets WAL and a busy timeout: gateway and
-    worker share the file. PostgreSQL (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged pool
-    sized, and a statement timeout, from ``database`` (default: the ``RELAY_DATABASE_*`` environment)."""
+def engine_url(url: str) -> str:
+    """``url`` with Relay's driver: SQLAlchemy's default PostgreSQL driver is psycopg2, Relay's ``postgres`` extra
+    installs psycopg (3). libpq's own options (``sslmode``, ``sslrootcert``, ...) pass through in the query."""
     if url.startswith("postgresql://"):
-        # SQLAlchemy's default PostgreSQL driver is psycopg2; Relay's ``postgres`` extra installs psycopg (3).
-        url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+        return "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    return url
+
+
+def make_engine(url: str, database: DatabaseSettings | None = None, *, migrate: bool | None = None) -> Engine:
+    """Engine on a database at the newest schema (``core.migrations``). With ``migrate`` (default:
+    RELAY_MIGRATE_ON_START, true unless set) an older database is upgraded first, safely when several processes
+    start at once; without, it is only checked, with no DDL. A database this code cannot run on, newer than its head
+    or (without ``migrate``) older, raises ``SchemaVersionError``. SQLite gets WAL and a busy timeout: gateway
+    and worker share the file. PostgreSQL (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged
+    pool sized, and a statement timeout, from ``database`` (default: the ``RELAY_DATABASE_*`` environment)."""
+    url = engine_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -237,7 +245,16 @@ def make_engine(url: str, database: DatabaseSettings | None = None) -> Engine:
                 args["options"] = f"-c statement_timeout={round(db.statement_timeout_secs * 1000)}"
         engine = create_engine(url, pool_pre_ping=True, pool_size=db.pool_size, max_overflow=db.max_overflow,
                                pool_timeout=db.pool_timeout_secs, connect_args=args)
-    migrations.upgrade(engine)
+    if migrate is None:
+        migrate = Settings().migrate_on_start
+    try:
+        if migrate:
+            migrations.upgrade(engine)
+        else:
+            migrations.check(engine)
+    except BaseException:
+        engine.dispose()
+        raise
     return engine
 
 
@@ -287,3 +304,15 @@ class AlertWatermark(SQLModel, table=True):
 
     name: str = Field(primary_key=True)
     until: datetime = Field(sa_type=UTCDateTime)
+
+
+class OwnAlertState(SQLModel, table=True):
+    """The rate of Relay's own alerts of one kind about one app (``core.own_alerts``): the last one sent, and how
+    many were held back since."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    kind: str = Field(primary_key=True)
+    last_sent_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    last_alert_id: str = ""
+    held: int = 0

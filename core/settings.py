@@ -64,12 +64,26 @@ class RecoverySettings(BaseSettings):
 class Settings(BaseSettings):
     """Every ``RELAY_*`` environment setting, with its default (the README's Configuration table lists them)."""
 
-    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="ignore")
+    # Inputs hidden in validation errors: they would print secrets (a key, a database URL with its password).
+    model_config = SettingsConfigDict(env_prefix="RELAY_", extra="ignore", hide_input_in_errors=True)
 
     host: str = "127.0.0.1"
     port: int = Field(default=8090, ge=0, le=65535)
     data_dir: Path = Path(".relay")
     database_url: str | None = None
+    # Secrets may come from files instead (RELAY_DATABASE_URL_FILE, RELAY_API_KEY_FILE,
+    # RELAY_ALERT_WEBHOOK_SECRET_FILE: a mounted Kubernetes or Docker secret), never both (``_secrets_from_files``).
+    database_url_file: Path | None = None
+    # The admin CLI's key for the REST API (its --api-key wins).
+    api_key: SecretStr | None = None
+    api_key_file: Path | None = None
+    alert_webhook_secret_file: Path | None = None
+    # Whether a process that opens the store migrates it to this code's schema first (``core.migrations``). False in
+    # production, where `relay migrate` is a release step: processes then only check the revision and run no DDL,
+    # so their database role needs no CREATE rights.
+    migrate_on_start: bool = True
+    # Audit rows older than this are deleted by the retention round (upstream Conductor allows 7 to 3,650 days).
+    audit_retention_days: int = Field(default=90, ge=7, le=3650)
     # Temporal: where it is and which namespace, when set, win over the SDK's own TEMPORAL_* variables and
     # profiles (``core.temporal.temporal_connection``), which carry the rest (TLS, API key). `relay dev` runs its
     # embedded server unless RELAY_TEMPORAL_ADDRESS is set: a TEMPORAL_ADDRESS left in a shell never redirects it.
@@ -100,6 +114,11 @@ class Settings(BaseSettings):
     # name changes across restarts (a Kubernetes StatefulSet's pod name is stable); two live gateways must never
     # share one.
     gateway_id: str | None = Field(default=None, min_length=1, max_length=200)
+    # On SIGTERM a gateway turns not-ready (/readyz 503, upgrades refused with 503) and keeps its executor sockets
+    # this long, so the load balancer sees it and sends the reconnections elsewhere, then closes them (1012). A
+    # second SIGTERM, or a SIGINT, cuts it short. The process exits within about 10 s after it: a stop must allow
+    # for both (terminationGracePeriodSeconds, stop_grace_period).
+    shutdown_drain_secs: float = Field(default=5, ge=0)
     # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
     # socket, and no compression oracle on a stream that carries keys in its URL).
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
@@ -132,6 +151,9 @@ class Settings(BaseSettings):
     # (none when unset), signed with HMAC-SHA256 when the secret is set. The secret is a SecretStr: its repr and
     # any log of the settings show "**********".
     alert_interval_secs: float = Field(default=60, gt=0)
+    # Relay's own alerts (RecoveryBlocked, ...) go out as they happen, at most one per app and kind this often
+    # (``core.own_alerts``: one held back goes out when the interval is over); 0: no minimum.
+    own_alert_min_interval_secs: float = Field(default=60, ge=0)
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
     # The orphan sweep (``workflows.orphans``): how often it looks for PENDING workflows of executor ids Relay has
@@ -200,6 +222,25 @@ class Settings(BaseSettings):
         return units.seconds_to_timedelta(self.management_timeout_secs)
 
     @model_validator(mode="after")
+    def _secrets_from_files(self) -> Settings:
+        """Each ``*_FILE`` setting read into its setting, one trailing newline stripped (``echo`` and most editors
+        end a file with one); a setting given both ways is an error, rather than one silently winning."""
+        if self.database_url_file is not None:
+            self.database_url = _from_file("RELAY_DATABASE_URL", self.database_url, self.database_url_file)
+        if self.api_key_file is not None:
+            key = self.api_key.get_secret_value() if self.api_key is not None else None
+            self.api_key = SecretStr(_from_file("RELAY_API_KEY", key, self.api_key_file))
+        if self.alert_webhook_secret_file is not None:
+            secret = self.alert_webhook_secret.get_secret_value() if self.alert_webhook_secret is not None else None
+            self.alert_webhook_secret = SecretStr(_from_file("RELAY_ALERT_WEBHOOK_SECRET", secret,
+                                                             self.alert_webhook_secret_file))
+        return self
+
+    @property
+    def audit_retention(self) -> timedelta:
+        return timedelta(days=self.audit_retention_days)
+
+    @model_validator(mode="after")
     def _fence_before_gone(self) -> Settings:
         if self.gateway_fenced_by >= self.gateway_heartbeat_timeout:
             raise ValueError(
@@ -234,6 +275,10 @@ class Settings(BaseSettings):
         return units.seconds_to_timedelta(self.gateway_heartbeat_timeout_secs)
 
     @property
+    def shutdown_drain(self) -> timedelta:
+        return units.seconds_to_timedelta(self.shutdown_drain_secs)
+
+    @property
     def header_timeout(self) -> timedelta:
         return units.seconds_to_timedelta(self.header_timeout_secs)
 
@@ -250,6 +295,10 @@ class Settings(BaseSettings):
         return units.seconds_to_timedelta(self.alert_interval_secs)
 
     @property
+    def own_alert_min_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.own_alert_min_interval_secs)
+
+    @property
     def orphan_sweep_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.orphan_sweep_interval_secs)
 
@@ -260,3 +309,20 @@ class Settings(BaseSettings):
     @property
     def reconcile_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.reconcile_interval_secs)
+
+
+def _from_file(name: str, value: str | None, path: Path) -> str:
+    """The secret ``name`` as read from ``path`` (``name``_FILE); ``value`` is ``name`` itself, which must be unset.
+    Errors name the variables and the path, never what the file holds."""
+    if value is not None:
+        raise ValueError(f"{name} and {name}_FILE are both set: set only one")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"{name}_FILE: cannot read {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{name}_FILE: {path} is not UTF-8 text") from None
+    text = text.removesuffix("\n").removesuffix("\r")
+    if not text:
+        raise ValueError(f"{name}_FILE: {path} is empty")
+    return text

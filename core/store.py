@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, exists, func, text, update
 from sqlalchemy import delete as sa_delete
+from sqlalchemy import select as sa_select
 from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from sqlmodel import Session, and_, col, or_, select
@@ -416,9 +417,9 @@ class Store:
 
     def registry_rows(self) -> list[tuple[str, str, str, ExecutorStatus, str]]:
         """``(org, app, executor_id, status, app_version)`` of every registry row (the reconciliation's scan)."""
-        with Session(self.engine) as s:
-            rows = s.exec(select(Executor.org, Executor.app, Executor.executor_id, Executor.status,
-                                 Executor.app_version)).all()
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa_select(col(Executor.org), col(Executor.app), col(Executor.executor_id),
+                                          col(Executor.status), col(Executor.app_version))).all()
         return [(org, app, executor_id, ExecutorStatus(status), version)
                 for org, app, executor_id, status, version in rows]
 
@@ -442,6 +443,19 @@ class Store:
                 s.rollback()  # same event_key: already written by an earlier try of the same activity
                 return False
         return True
+
+    def prune_audit_batch(self, *, before: datetime, limit: int) -> int:
+        """Delete up to ``limit`` of the oldest audit rows emitted before ``before`` (every org's), in one short
+        transaction found through the ``emit_time`` index; how many (fewer than ``limit``: none older are left). The
+        audit retention calls it again and again rather than deleting everything at once: one huge DELETE would hold
+        SQLite's write lock, or PostgreSQL's row locks and a long transaction, while every writer waits."""
+        with Session(self.engine) as s:
+            ids = s.exec(select(AuditLog.id).where(col(AuditLog.emit_time) < before)
+                         .order_by(col(AuditLog.emit_time)).limit(limit)).all()
+            if ids:
+                s.execute(sa_delete(AuditLog).where(col(AuditLog.id).in_(ids)))
+                s.commit()
+        return len(ids)
 
     def list_audit(self, org: str, *, app: str | None = None, limit: int = 1000) -> list[AuditLog]:
         with Session(self.engine) as s:
@@ -640,7 +654,7 @@ class Store:
                            details={"trips": trips}))
         if decision.tripped:
             s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_tripped",
-                           status="failure", event_key=f"recovery-breaker/{org}/{app}/{trips}",
+                           status="failure", event_key=gate.breaker_event_key(org, app, trips),
                            details={**decision.storm, "trip": trips, "stormShare": policy.storm_share,
                                     "stormMinExecutors": policy.storm_min,
                                     **units.rest_durations({"stormWindowMs": policy.window,

@@ -19,10 +19,12 @@ from temporalio import activity
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowFailureError, WorkflowHandle
 from temporalio.common import TypedSearchAttributes
+from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
 
 from tests.conftest import assert_eventually
+from workflows.contracts.alerts import OwnAlertEvent
 from workflows.contracts.common import (
     Activity,
     Candidate,
@@ -109,6 +111,8 @@ class FakeRelay:
     # admit_recovery: holds popped from here first, each "wait this long from when you asked, because <reason>";
     # then "go" (no pause, no storm).
     gate_holds: list[tuple[str, timedelta]] = field(default_factory=list)
+    # admit_recovery: the next admission trips the storm breaker, its row written under this event key.
+    gate_trip: str = ""
     # gateway_gone: the gateway queues known gone (``core.gateways``); any other is live and probed.
     gone_queues: set[str] = field(default_factory=set)
     # When set, probe_gateway, select_candidate and admit_recovery (by activity name) each wait, once started, until
@@ -129,6 +133,8 @@ class FakeRelay:
     admissions: list[Call[AdmitRecoveryInput]] = field(default_factory=list)
     gone_checks: list[Call[GatewayGoneInput]] = field(default_factory=list)
     row_reads: list[Call[GetRegistryRowInput]] = field(default_factory=list)
+    own_alerts: list[Call[OwnAlertEvent]] = field(default_factory=list)  # start_own_alert: deliveries started
+    fail_own_alerts: bool = False  # start_own_alert fails, for good (Temporal refusing the start)
 
     @property
     def self_queue(self) -> str:
@@ -153,12 +159,13 @@ class FakeRelay:
             Activity.DELETE_EXECUTOR: len(self.deletes), Activity.DISPATCH_RECOVERY: len(self.dispatches),
             Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls), Activity.PROBE_GATEWAY: len(self.probes),
             Activity.ADMIT_RECOVERY: len(self.admissions), Activity.GATEWAY_GONE: len(self.gone_checks),
-            Activity.GET_REGISTRY_ROW: len(self.row_reads),
+            Activity.GET_REGISTRY_ROW: len(self.row_reads), Activity.START_OWN_ALERT: len(self.own_alerts),
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
         return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.admit_recovery, self.gateway_gone, self.get_registry_row]
+                self.delete_executor, self.admit_recovery, self.gateway_gone, self.get_registry_row,
+                self.start_own_alert]
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]
@@ -208,6 +215,9 @@ class FakeRelay:
     async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:
         await self._call(self.admissions, input)
         await self._hold(Activity.ADMIT_RECOVERY)
+        tripped, self.gate_trip = self.gate_trip, ""
+        if tripped:
+            return AdmitRecoveryReply(go=True, tripped=tripped, storm={"down": 3, "population": 4})
         if not self.gate_holds:
             return AdmitRecoveryReply(go=True)
         reason, wait = self.gate_holds.pop(0)
@@ -223,6 +233,15 @@ class FakeRelay:
     async def get_registry_row(self, input: GetRegistryRowInput) -> RegistryRow | None:
         await self._call(self.row_reads, input)
         return self.registry_row
+
+    @activity.defn(name=Activity.START_OWN_ALERT)
+    async def start_own_alert(self, input: OwnAlertEvent) -> bool:
+        """Records the delivery started; True unless one was started for the same row already."""
+        started = all(c.input.event_key != input.event_key for c in self.own_alerts)
+        await self._call(self.own_alerts, input)
+        if self.fail_own_alerts:
+            raise ApplicationError("start_workflow refused", non_retryable=True)
+        return started
 
     async def _hold(self, name: str) -> None:
         """Wait here while the test holds activity ``name`` (``holds``), saying so (``started``)."""

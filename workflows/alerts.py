@@ -16,14 +16,29 @@ The Temporal Schedule ``relay-alerts`` (created by the worker at start-up) start
    through its gateway (another executor after a failure). Each outcome is audited: ``alert.sent`` /
    ``alert.failed``; a firing held back by the rate, ``alert.suppressed``.
 
-Relay's own alerts (audit rows such as ``executor.recovery.blocked``) are grouped per app and operation and sent
-the same way to the app itself; then the audit watermark moves to where the round read up to. The watermarks
-(per rule and for the audit log) live in the database, as schedules start a fresh run each time.
+Relay's own alerts (audit rows such as ``executor.recovery.blocked``) go out as they happen: the code that writes
+the row starts an ``OwnAlertWorkflow`` (below) for it, whose id derives from the row, so a second start of it is
+refused. Since ``OWN_AT_ONCE_PATCH`` the round no longer sends them (rounds before it grouped them per app and
+operation and sent them to the app itself): it starts the delivery of any row it reads whose delivery nobody
+started (the writer's start failed, or the row predates this code), and moves the audit watermark to where it read
+up to. The watermarks (per rule and for the audit log) live in the database, as schedules start a fresh run each
+time.
+
+A round goes on past a rule it cannot evaluate: a rule whose metadata cannot be read or carried is left out when
+the round reads the rules (``activities.alerts.readable``), and one whose evaluation fails is counted in
+``failed`` while the others go on.
+
+``OwnAlertWorkflow`` delivers one of Relay's own alerts: it claims the right to send it (``claim_own_alert``: at
+most one per app and kind per ``RELAY_OWN_ALERT_MIN_INTERVAL_SECS``, ``core.own_alerts``), and sends it as the
+round sends a rule's (``Delivery``); held back, it is audited ``alert.suppressed``, and the first one held back
+after a send waits (a durable timer) until the interval is over and asks again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -36,27 +51,50 @@ from workflows.timing import BACKOFF_INITIAL, DB_ACTIVITY_TIMEOUT
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.alerts import (
+        OWN_ALERT_WORKFLOW,
         AdvanceAlertWatermarkInput,
         Alert,
         AlertsInput,
         AlertsRoundResult,
         Channel,
+        ClaimOwnAlertInput,
+        DeliveryOptions,
         EvaluateAlertRuleInput,
         LoadAlertRoundInput,
+        OwnAlertClaim,
+        OwnAlertEvent,
+        OwnAlertInput,
+        OwnAlertResult,
         OwnEvents,
         RuleState,
         SendAlertWebhookInput,
         WriteAlertAuditInput,
         advance_alert_watermark,
+        claim_own_alert,
         evaluate_alert_rule,
         load_alert_round,
         send_alert_webhook,
+        start_own_alert,
         write_alert_audit,
     )
 
 WEBHOOK_TIMEOUT = timedelta(seconds=15)
 WEBHOOK_MAX_BACKOFF = timedelta(seconds=30)
 QUERY_ATTEMPTS = 2  # executors asked for one rule's aggregates
+# A rule's evaluation (a database activity) is tried this often, then left to the next round: a rule that cannot
+# be evaluated must not hold the round, and with it every other rule (the schedule skips a round while one runs).
+EVALUATE_ATTEMPTS = 5
+# Starting a delivery nobody started: a few tries; if one still fails, the watermark stays where it was, so the next
+# round reads the row again (the deliveries this round did start are not started twice: their ids are taken).
+START_ATTEMPTS = 5
+# From this patch on, a round does not send Relay's own alerts (their writers start an OwnAlertWorkflow each as the
+# row is written); it starts the delivery of those nobody started, and still moves the audit watermark.
+OWN_AT_ONCE_PATCH = "own-alerts-at-once"
+
+
+def _options(input: AlertsInput) -> DeliveryOptions:
+    return DeliveryOptions(reply_timeout=input.reply_timeout, webhook_attempts=input.webhook_attempts,
+                           executor_attempts=input.executor_attempts)
 
 
 @workflow.defn
@@ -66,12 +104,16 @@ class AlertsWorkflow:
         self._input = input
         self._now = workflow.now()
         self._result = AlertsRoundResult()
+        self._delivery = Delivery(_options(input))
         batch = await workflow.execute_activity(
             load_alert_round, LoadAlertRoundInput(now=self._now, lookback=input.interval),
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
-        await asyncio.gather(*(self._rule(rule) for rule in batch.rules),
-                             *(self._own(events) for events in batch.own))
-        if batch.audit_until is not None:
+        at_once = workflow.patched(OWN_AT_ONCE_PATCH)
+        own = [self._start_own(event) for event in batch.own_events] if at_once else \
+            [self._own(events) for events in batch.own]
+        done = await asyncio.gather(*(self._rule(rule) for rule in batch.rules), *own)
+        # A delivery that could not be started (False) keeps the watermark back: the next round reads its row again.
+        if batch.audit_until is not None and False not in done:
             await workflow.execute_activity(advance_alert_watermark, AdvanceAlertWatermarkInput(batch.audit_until),
                                             start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
         return self._result
@@ -84,9 +126,17 @@ class AlertsWorkflow:
         if rule.query is not None:
             answer = await self._ask(rule.org, rule.app, "get_workflow_aggregates", {"body": rule.query})
             reply, failure = (None, answer) if isinstance(answer, str) else (answer, None)
-        outcome = await workflow.execute_activity(
-            evaluate_alert_rule, EvaluateAlertRuleInput(rule, self._now, reply=reply, failure=failure),
-            start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
+        try:
+            outcome = await workflow.execute_activity(
+                evaluate_alert_rule, EvaluateAlertRuleInput(rule, self._now, reply=reply, failure=failure),
+                start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=EVALUATE_ATTEMPTS))
+        except ActivityError as err:
+            # This rule is left to the next round; the others go on.
+            workflow.logger.warning("alerting rule %s of %s/%s not evaluated: %s", rule.rule_id, rule.org, rule.app,
+                                    err.cause or err)
+            self._result.failed.append(rule.rule_id)
+            return
         if not outcome.checked:
             self._result.unchecked.append(rule.rule_id)
         if outcome.message is None:
@@ -95,22 +145,82 @@ class AlertsWorkflow:
                       outcome.message, self._now, rule.rule_id)
         if not outcome.fire:
             self._result.suppressed.append(rule.rule_id)
-            await self._audit("alert.suppressed", alert, None, "held back by minIntervalSecs")
+            await self._delivery.audit("alert.suppressed", alert, None, "held back by minIntervalSecs")
             return
         self._result.fired.append(rule.rule_id)
-        await self._deliver(alert)
+        await self._delivery.deliver(alert)
 
     # -- Relay's own alerts ------------------------------------------------------------------------------------
 
+    async def _start_own(self, event: OwnAlertEvent) -> bool:
+        """Start the delivery of an own-alert row's alert, unless its writer did (its id is then taken): False when
+        it could not be started."""
+        try:
+            started = await workflow.execute_activity(
+                start_own_alert, event, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=START_ATTEMPTS))
+        except ActivityError as err:
+            workflow.logger.warning("could not start the %s alert of %s/%s (%s): %s; the next round tries again",
+                                    event.operation, event.org, event.app, event.event_key, err.cause or err)
+            return False
+        if started:
+            self._result.own_started.append(event.event_key)
+        return True
+
     async def _own(self, events: OwnEvents) -> None:
+        """Before ``OWN_AT_ONCE_PATCH``: one alert per app and operation read this round, sent by the round."""
         alert = Alert(str(workflow.uuid4()), events.org, events.app, events.app, events.kind, events.message,
                       self._now)
         self._result.fired.append(f"own:{events.kind}:{events.org}/{events.app}")
-        await self._deliver(alert)
+        await self._delivery.deliver(alert)
 
-    # -- delivery ----------------------------------------------------------------------------------------------
+    async def _ask(self, org: str, app: str, kind: str, fields: dict[str, Any]) -> dict[str, Any] | str:
+        return await ask_executor(org, app, kind, fields, reply_timeout=self._input.reply_timeout,
+                                  attempts=QUERY_ATTEMPTS)
 
-    async def _deliver(self, alert: Alert) -> None:
+
+@workflow.defn(name=OWN_ALERT_WORKFLOW)
+class OwnAlertWorkflow:
+    """One of Relay's own alerts, as it happens (started by whatever wrote its audit row; its id derives from the
+    row, so it runs once per row): claimed against the rate of its kind, then delivered, or held back."""
+
+    @workflow.run
+    async def run(self, input: OwnAlertInput) -> OwnAlertResult:
+        alert = input.alert
+        claim = await self._claim(ClaimOwnAlertInput(alert, workflow.now()))
+        delivery = Delivery(claim.options)
+        if not claim.send:
+            then = ("the next alert of its kind counts it" if claim.flush_at is None
+                    else f"sent at {claim.flush_at.isoformat()} unless another alert of its kind goes first")
+            await delivery.audit("alert.suppressed", alert, None, f"held back by RELAY_OWN_ALERT_MIN_INTERVAL_SECS; "
+                                                                  f"{then}")
+            if claim.flush_at is None:
+                return OwnAlertResult(sent=False, held_back=True)
+            wait = claim.flush_at - workflow.now()
+            if wait > timedelta(0):
+                await workflow.sleep(wait, summary="held back by the minimum interval")
+            claim = await self._claim(ClaimOwnAlertInput(alert, workflow.now(), held_behind=claim.held_behind))
+            if not claim.send:  # another alert of its kind went out meanwhile, and counted this one
+                return OwnAlertResult(sent=False, held_back=True)
+        await delivery.deliver(dataclasses.replace(alert, message=claim.message))
+        return OwnAlertResult(sent=True)
+
+    @staticmethod
+    async def _claim(input: ClaimOwnAlertInput) -> OwnAlertClaim:
+        return await workflow.execute_activity(claim_own_alert, input, start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
+
+
+# -- delivery, for both ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Delivery:
+    """An alert on each channel independently (the webhook; the ``alert`` message to one HEALTHY executor of the
+    receiving app), each outcome audited: ``alert.sent`` or ``alert.failed``."""
+
+    options: DeliveryOptions
+
+    async def deliver(self, alert: Alert) -> None:
         await asyncio.gather(self._webhook(alert), self._executor_alert(alert))
 
     async def _webhook(self, alert: Alert) -> None:
@@ -119,41 +229,35 @@ class AlertsWorkflow:
                 send_alert_webhook, SendAlertWebhookInput(alert), start_to_close_timeout=WEBHOOK_TIMEOUT,
                 retry_policy=RetryPolicy(initial_interval=BACKOFF_INITIAL, backoff_coefficient=2,
                                          maximum_interval=WEBHOOK_MAX_BACKOFF,
-                                         maximum_attempts=self._input.webhook_attempts),
+                                         maximum_attempts=self.options.webhook_attempts),
                 summary=f"alert {alert.kind} webhook")
         except ActivityError as err:
-            await self._audit("alert.failed", alert, Channel.WEBHOOK, str(err.cause or err), status="failure")
+            await self.audit("alert.failed", alert, Channel.WEBHOOK, str(err.cause or err), status="failure")
             return
         if result.configured:
-            await self._audit("alert.sent", alert, Channel.WEBHOOK, f"HTTP {result.status}")
+            await self.audit("alert.sent", alert, Channel.WEBHOOK, f"HTTP {result.status}")
 
     async def _executor_alert(self, alert: Alert) -> None:
         metadata = {"org": alert.org, "app": alert.app, "kind": alert.kind, "time": alert.time.isoformat(),
                     "ruleId": alert.rule_id or "", "alertId": alert.alert_id}
         fields = {"name": alert.kind, "message": alert.message, "metadata": metadata}
         tried: list[str] = []
-        reply = await self._ask(alert.org, alert.receiving_app, "alert", fields,
-                                attempts=self._input.executor_attempts, tried=tried)
+        reply = await ask_executor(alert.org, alert.receiving_app, "alert", fields,
+                                   reply_timeout=self.options.reply_timeout, attempts=self.options.executor_attempts,
+                                   tried=tried)
         executor_id = tried[-1] if tried else None
         if isinstance(reply, str):
-            await self._audit("alert.failed", alert, Channel.EXECUTOR, reply, status="failure",
-                              executor_id=executor_id)
+            await self.audit("alert.failed", alert, Channel.EXECUTOR, reply, status="failure",
+                             executor_id=executor_id)
         elif reply.get("success") is not True:
             outcome = f"the executor's alert handler failed: {str(reply.get('error_message'))[:300]}"
-            await self._audit("alert.failed", alert, Channel.EXECUTOR, outcome, status="failure",
-                              executor_id=executor_id)
+            await self.audit("alert.failed", alert, Channel.EXECUTOR, outcome, status="failure",
+                             executor_id=executor_id)
         else:
-            await self._audit("alert.sent", alert, Channel.EXECUTOR, "success", executor_id=executor_id)
+            await self.audit("alert.sent", alert, Channel.EXECUTOR, "success", executor_id=executor_id)
 
-    # -- asking an executor ------------------------------------------------------------------------------------
-
-    async def _ask(self, org: str, app: str, kind: str, fields: dict[str, Any], *, attempts: int = QUERY_ATTEMPTS,
-                   tried: list[str] | None = None) -> dict[str, Any] | str:
-        return await ask_executor(org, app, kind, fields, reply_timeout=self._input.reply_timeout, attempts=attempts,
-                                  tried=tried)
-
-    async def _audit(self, operation: str, alert: Alert, channel: str | None, outcome: str, *,
-                     status: str = "success", executor_id: str | None = None) -> None:
+    async def audit(self, operation: str, alert: Alert, channel: str | None, outcome: str, *,
+                    status: str = "success", executor_id: str | None = None) -> None:
         # workflow.uuid4() is replay-safe: a retried activity carries the same key and lands once.
         key = f"{workflow.info().workflow_id}/{operation}/{workflow.uuid4()}"
         await workflow.execute_activity(

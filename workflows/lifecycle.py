@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy, SearchAttributeKey
-from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.exceptions import ActivityError, CancelledError, FailureError
 from temporalio.workflow import ActivityHandle
 
 from workflows import fence, timing
@@ -27,6 +27,7 @@ from workflows.timing import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from workflows.contracts.alerts import OwnAlertEvent, start_own_alert
     from workflows.contracts.common import (
         Candidate,
         ConnectedSignal,
@@ -117,6 +118,20 @@ KNOWN_GONE_PATCH = "known-gone-gateways"
 # history replays unchanged. A later patch is asked for itself until a next generation lists it.
 GENERATION_1_PATCH = "lifecycle-generation-1"
 PATCHES_IN_GENERATION_1 = frozenset({LOCAL_DB_PATCH, FENCE_PATCH, GATE_PATCH, REVIVAL_PATCH, KNOWN_GONE_PATCH})
+# From this patch on, Relay's own alerts about a recovery go out as they happen: right after the
+# `executor.recovery.blocked` row (once per blocked stretch, across continue-as-new), the workflow starts its
+# delivery (``start_own_alert``); when the recovery goes ahead (or is called off, the executor back), it writes
+# `executor.recovery.unblocked` and starts that alert too (RecoveryUnblocked); and when its admission at the gate
+# tripped the storm breaker (the gate wrote that row), the RecoveryBreaker alert. Asked only on those paths: not in
+# generation 1.
+OWN_ALERTS_PATCH = "own-alerts-at-once"
+# Starting an alert's delivery is a local activity calling the client's start_workflow, not a child workflow: one
+# marker in this history instead of the child's initiated/started/completed events, which would also wake this
+# long-lived workflow when the delivery ends; and the start's id conflict ("already started": delivered) is the
+# same one the other writers and the alerts round meet. It is tried a few times only: a recovery never waits on
+# an alert, and the alerts round starts any delivery nobody started.
+OWN_ALERT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5),
+                              maximum_attempts=3)
 
 
 @workflow.defn
@@ -471,6 +486,7 @@ class ExecutorLifecycleWorkflow:
         """Recover, then end; None when recovery was called off because the executor is alive after all."""
         recovered = await self._unless_removed(self._recover())
         if recovered is None:
+            await self._unblocked("recovery called off: the executor is back")
             return None
         candidate, attempts = recovered
         result = LifecycleResult(status="RECOVERED", recovered_by=candidate.executor_id, attempts=attempts)
@@ -520,9 +536,12 @@ class ExecutorLifecycleWorkflow:
                 if not blocked:
                     # Alert once per blocked stretch; the workflow's details say so for as long as it lasts.
                     reason = f"no HEALTHY executor of version {version!r}"
-                    await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
+                    key = await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
                     self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
                     blocked = True
+                    if self._state.blocked_since is None and self._patched(OWN_ALERTS_PATCH):
+                        self._state.blocked_since = workflow.now()
+                        await self._own_alert("executor.recovery.blocked", key, {"reason": reason})
                 with contextlib.suppress(TimeoutError):
                     await workflow.wait_condition(lambda: self._peer_hint or back(), timeout=BLOCKED_RECHECK,
                                                   timeout_summary="waiting for a HEALTHY peer")
@@ -530,6 +549,8 @@ class ExecutorLifecycleWorkflow:
             blocked = False
             if fenced and not await self._still_gone():
                 return None
+            await self._unblocked(f"a HEALTHY executor of version {version!r} is there: recovery goes ahead via "
+                                  f"{candidate.executor_id}", candidate=candidate.executor_id)
             attempt += 1
             request_id = str(workflow.uuid4())
             details: dict[str, object] = {"candidate": candidate.executor_id, "attempt": attempt,
@@ -587,6 +608,8 @@ class ExecutorLifecycleWorkflow:
                                  event_key=f"{workflow.info().workflow_id}/gate/{state.gate_ticket}")
         reply: AdmitRecoveryReply = await workflow.execute_local_activity(
             admit_recovery, ask, start_to_close_timeout=DB_ACTIVITY_TIMEOUT, retry_policy=DB_RETRY)
+        if reply.tripped and self._patched(OWN_ALERTS_PATCH):  # this admission tripped the storm breaker
+            await self._own_alert("app.recovery.breaker_tripped", reply.tripped, dict(reply.storm))
         if reply.go or reply.until is None:
             return True
         wait = reply.until - workflow.now()
@@ -672,15 +695,47 @@ class ExecutorLifecycleWorkflow:
             workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status.value)])
 
     async def _audit(self, operation: str, status: str, details: dict[str, object], *,
-                     durations: dict[str, timedelta] | None = None) -> None:
+                     durations: dict[str, timedelta] | None = None) -> str:
+        """Write an audit row; its event key."""
         i = self._input
         if self._state.orphan:
             details = {**details, "orphan": True}
+        key = self._event_key(operation)
         await self._db(
             write_audit,
-            WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation), status,
-                            dict(details), dict(durations or {})),
+            WriteAuditInput(i.org, i.app, i.executor_id, operation, key, status, dict(details),
+                            dict(durations or {})),
         )
+        return key
+
+    async def _unblocked(self, outcome: str, *, candidate: str | None = None) -> None:
+        """The end of a blocked stretch whose RecoveryBlocked alert went out (``blocked_since``, set only since
+        ``OWN_ALERTS_PATCH``): audited, and its RecoveryUnblocked alert started. Nothing otherwise."""
+        since = self._state.blocked_since
+        if since is None or not self._patched(OWN_ALERTS_PATCH):
+            return
+        self._state.blocked_since = None
+        details: dict[str, object] = {"reason": outcome, "blocked_since": since.isoformat()}
+        if candidate is not None:
+            details["candidate"] = candidate
+        blocked_for = {"blockedSecs": workflow.now() - since}
+        key = await self._audit("executor.recovery.unblocked", "success", details, durations=blocked_for)
+        await self._own_alert("executor.recovery.unblocked", key, details)
+
+    async def _own_alert(self, operation: str, event_key: str, details: dict[str, object]) -> None:
+        """Start the delivery of the alert of the audit row just written (``event_key``): ``OWN_ALERT_RETRY``."""
+        i = self._input
+        event = OwnAlertEvent(i.org, i.app, operation, event_key, workflow.now(), i.executor_id, dict(details))
+        try:
+            await workflow.execute_local_activity(start_own_alert, event, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                                  retry_policy=OWN_ALERT_RETRY)
+        except FailureError as err:
+            # A local activity's failure comes as its own error (an ApplicationError, a TimeoutError), not wrapped
+            # in an ActivityError as a remote activity's is.
+            cause = err.cause if isinstance(err, ActivityError) else err
+            if isinstance(cause, CancelledError):
+                raise  # the workflow is being cancelled (removed): not an alert that failed to start
+            workflow.logger.warning("%s alert not started (the alerts round starts it): %s", operation, cause)
 
     async def _db(self, activity: Callable[[A], Awaitable[T]], arg: A) -> T:
         """A database activity (registry, audit, candidate selection): local since ``LOCAL_DB_PATCH``."""

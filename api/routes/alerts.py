@@ -3,11 +3,14 @@
 Rules are stored by Relay and evaluated by its alerts schedule (``workflows.alerts``; ``core.alerts`` says what
 ``ruleMetadata`` holds and when each rule type fires). Creating and deleting a rule is audited
 (``alert_rule.created`` / ``alert_rule.deleted``) with the caller's key as subject. ``minIntervalSecs`` is
-seconds here only: inside Relay it is a ``timedelta``.
+seconds here only: inside Relay it is a ``timedelta``. ``ruleMetadata`` is bounded in depth and size (422); a rule
+stored before it was (or edited by hand) that cannot be shown is left out of the list, logged once, and can still
+be deleted by its id.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Path, Request, Response
@@ -17,13 +20,16 @@ from api.deps import AppName, AppPrincipal, OrgName, StoreDep, source_ip
 from api.problems import responses
 from api.routes.workflows import storable
 from api.schemas import AlertingRule, CreateAlertInputBody, extended
-from core import units
+from core import alerts, models, units
+from core.logs import OncePerKey
 from core.store import subject_of
 
 router = APIRouter(prefix="/v2/orgs/{orgName}/apps/{appName}/alerting-rules", tags=["Alerting"])
 
 RuleId = Annotated[str, Path(min_length=1, max_length=100, json_schema_extra=extended("1-100 characters"))]
 ERRORS = responses(401, 403, 404, 422)
+# A stored rule that cannot be shown is found again on every list: said once per process.
+_unshown = OncePerKey(logging.getLogger("relay.gateway"))
 
 
 @router.get("", operation_id="listAlertingRules", summary="List alerting rules", responses=ERRORS)
@@ -31,7 +37,16 @@ async def list_alerting_rules(orgName: OrgName, appName: AppName, _p: AppPrincip
                               store: StoreDep) -> list[AlertingRule]:
     """The app's rules, oldest first."""
     rules = await run_in_threadpool(store.list_alert_rules, orgName, appName)
-    return [AlertingRule.of(rule) for rule in rules]
+    return [AlertingRule.of(rule) for rule in rules if _shown(rule)]
+
+
+def _shown(rule: models.AlertingRule) -> bool:
+    problem = alerts.stored_rule_problem(rule.rule_type, rule.rule_metadata)
+    if problem is not None:
+        _unshown.warning(rule.id, "alerting rule %s of %s/%s left out of listAlertingRules: %s; delete it with "
+                         "DELETE /v2/orgs/%s/apps/%s/alerting-rules/%s", rule.id, rule.org, rule.app, problem,
+                         rule.org, rule.app, rule.id)
+    return problem is None
 
 
 @router.post("", operation_id="createAlertingRule", summary="Create alerting rule", status_code=201,

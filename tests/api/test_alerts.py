@@ -1,14 +1,17 @@
 """Alerting rules through the REST API in-process (``conftest.Api``), on SQLite and on PostgreSQL: the three
-upstream operations, their bodies against the upstream schema facts, the problems, and the audit trail."""
+upstream operations, their bodies against the upstream schema facts, the problems (metadata bounded in depth and
+size), a stored rule that cannot be shown, the audit trail, and the own-alert rate on each database."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
 import pytest
 
+from core.own_alerts import Claim, OwnAlertRates
 from tests.api.conftest import Api
 from tests.api.test_compat import (
     INTEGER_OR_NULL,
@@ -201,3 +204,63 @@ async def test_evaluation_state_on_this_database(api: Api) -> None:
     rows, start = api.store.own_alert_events(["executor.recovery.blocked"], until=until + timedelta(seconds=1),
                                              lookback=timedelta(hours=1))
     assert (rows, start) == ([], until)
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {"thresholdSecs": 5}
+    for _ in range(depth - 1):
+        value = {"x": value}
+    return value
+
+
+@pytest.mark.parametrize(("metadata", "says"), [
+    (_nested(300), "ruleMetadata is nested deeper than 32 levels"),  # the incident's rule
+    (_nested(33), "ruleMetadata is nested deeper than 32 levels"),
+    ({"thresholdSecs": 5, "note": "x" * 9000}, "bytes as JSON, more than 8192"),
+], ids=["300-deep", "33-deep", "9-kB"])
+async def test_metadata_too_deep_or_too_large_is_422_saying_so(api: Api, metadata: Any, says: str) -> None:
+    app = f"alerts-bounded-{uuid.uuid4().hex[:8]}"
+    async with api.client() as client:
+        await _app_id(client, app)
+        problem = assert_problem(await client.post(_rules(app), json={
+            "ruleType": "UnresponsiveApplication", "ruleMetadata": metadata}), 422)
+        [error] = problem["errors"]
+        assert error["location"] == "body.ruleMetadata" and says in error["message"], error
+        assert (await client.get(_rules(app))).json() == []
+        assert (await client.post(_rules(app), json={  # the bounds themselves are fine
+            "ruleType": "UnresponsiveApplication", "ruleMetadata": _nested(32)})).status_code == 201
+
+
+async def test_a_stored_rule_that_cannot_be_shown_is_left_out_and_can_be_deleted(api: Api) -> None:
+    """A rule stored 300 deep before the bound (a row the API can no longer create): listAlertingRules answered
+    500 on it; it is left out, the app's other rules are listed, and it is deleted by its id."""
+    async with api.client() as client:
+        await _app_id(client, "alerts-stored-bad")
+        good = (await client.post(_rules("alerts-stored-bad"), json={"ruleType": "WorkflowFailure",
+                                                                      "ruleMetadata": {}})).json()
+    bad = api.store.create_alert_rule(org="local", app="alerts-stored-bad", receiving_app="alerts-stored-bad",
+                                      rule_type="UnresponsiveApplication", metadata=_nested(300), min_interval=None,
+                                      subject="system", source_ip="")
+    async with api.client() as client:
+        listed = await client.get(_rules("alerts-stored-bad"))
+        assert listed.status_code == 200, listed.text
+        assert [r["id"] for r in listed.json()] == [good["id"]]
+        assert (await client.delete(f"{_rules('alerts-stored-bad')}/{bad.id}")).status_code == 204
+        assert [r.id for r in api.store.list_alert_rules("local", "alerts-stored-bad")] == [good["id"]]
+
+
+async def test_own_alert_rate_on_this_database(api: Api) -> None:
+    """The own-alert rate's compare-and-set on each database the store runs on: one per interval, the first held
+    back told when to go, a retried claim kept, and a late one counting the others."""
+    rates = OwnAlertRates(api.store.engine)
+    now, minute = datetime.now(UTC), timedelta(minutes=1)
+
+    def claim(alert_id: str, at: datetime, held_behind: datetime | None = None) -> Claim:
+        return rates.claim(org="local", app="alerts-rate", kind="RecoveryBlocked", alert_id=alert_id, now=at,
+                           min_interval=minute, held_behind=held_behind)
+
+    assert claim("a", now).send and claim("a", now + timedelta(seconds=1)).send
+    assert claim("b", now + timedelta(seconds=2)) == Claim(send=False, flush_at=now + minute, held_behind=now)
+    assert claim("c", now + timedelta(seconds=3)) == Claim(send=False, held_behind=now)
+    assert claim("b", now + minute, held_behind=now) == Claim(send=True, held_back=1)
+    assert not claim("c", now + minute + timedelta(seconds=1)).send

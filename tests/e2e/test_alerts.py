@@ -6,6 +6,11 @@ executor logs the ``alert`` message (the SDK logs "Alert: <name> | Message: ..."
 the audit log has ``alert.sent`` for both channels. Stopping the app's only executor then fires its
 UnresponsiveApplication rule (its ``alert`` message has no executor left to go to: audited as failed). The webhook
 secret never appears in Relay's output; ``relay alerts list`` shows both rules.
+
+Relay's own alerts go out as they happen, with the alerts round left at its test default (30 days, so it never
+runs): a recovery blocked for want of a peer of its version is POSTed as ``RecoveryBlocked`` within a couple of
+seconds of its audit row, and ``RecoveryUnblocked`` follows once a peer of the version connects and the recovery
+goes ahead.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from tests.support import (
     audit_rows_at,
     dbos_executor,
     free_port,
+    healthy_answer,
     relay_env,
     start_relay,
     wait_until,
@@ -42,6 +48,7 @@ from tests.support import (
 pytestmark = pytest.mark.e2e
 APP = "alerting"
 SECRET = "e2e-webhook-secret-not-for-logs"
+RECEIVED_AT = "test-received-at"  # not a header sent: the receiver's note of when the POST arrived
 
 
 @dataclass
@@ -49,6 +56,7 @@ class Receiver:
     """A webhook receiver on a free port, recording every POST as (headers, body)."""
 
     port: int
+    # (headers, body) of each POST; the headers also carry RECEIVED_AT, when it arrived (``time.time()``).
     posts: list[tuple[dict[str, str], bytes]] = field(default_factory=list)
 
     @property
@@ -72,7 +80,8 @@ def receiver() -> Iterator[Receiver]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            received.posts.append(({k.lower(): v for k, v in self.headers.items()}, body))
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            received.posts.append(({**headers, RECEIVED_AT: str(time.time())}, body))
             self.send_response(204)
             self.end_headers()
 
@@ -204,3 +213,78 @@ def test_slow_queue_on_the_wire(relay: Relay, receiver: Receiver) -> None:
                    what="the executor channel's audit row")
     finally:
         peer.stop()
+
+
+# -- Relay's own alerts, as they happen ------------------------------------------------------------------------
+
+# The audit row → webhook POST delay a blocked recovery's alert must beat: the old round's took up to its interval.
+AT_ONCE = 3.0
+
+
+@pytest.fixture(scope="module")
+def relay_without_rounds(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Relay]:
+    """`relay dev` with the alerts round left at the tests' 30 days (``relay_env``): no round ever runs."""
+    data_dir = tmp_path_factory.mktemp("relay-own-alerts")
+    env = relay_env(data_dir, RELAY_ALERT_WEBHOOK_URL=receiver.url)
+    assert int(env["RELAY_ALERT_INTERVAL_SECS"]) >= 86400
+    started = start_relay(data_dir, env)
+    try:
+        yield started
+    finally:
+        code = started.process.stop()
+        assert code == 0, started.process.output()[-3000:]
+
+
+def _answer_alerts(request: dict[str, object]) -> dict[str, object] | str | None:
+    """A peer whose SDK has an alert handler: ``alert`` succeeds, the rest as a healthy peer answers."""
+    if request["type"] == "alert":
+        return {"type": "alert", "request_id": request["request_id"], "success": True, "error_message": None}
+    return healthy_answer(request)
+
+
+def _delay(relay: Relay, receiver: Receiver, app: str, operation: str, kind: str) -> float:
+    """Seconds from the audit row of ``operation`` to the arrival of its alert's POST."""
+    [row] = [r for r in audit_rows_at(relay.db_url, app) if r.operation == operation]
+    [(headers, _)] = receiver.of_kind(kind, app)
+    return float(headers[RECEIVED_AT]) - row.emit_time
+
+
+def test_a_blocked_recovery_is_alerted_at_once_and_its_end_too(relay_without_rounds: Relay,
+                                                               receiver: Receiver) -> None:
+    relay, app = relay_without_rounds, "own-alerts"
+    with relay.api() as client:
+        assert client.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+        assert client.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": 1}).status_code == 204
+    peers = [RawPeer(relay.ws_url, app, relay.key, "doomed", version="v1"),
+             RawPeer(relay.ws_url, app, relay.key, "bystander", version="v2", answer=_answer_alerts)]
+    try:
+        wait_until(lambda: relay.executors(app) == {"doomed": "HEALTHY", "bystander": "HEALTHY"}, timeout=15,
+                   what="both peers HEALTHY")
+        peers[0].stop()  # the only v1 executor: its recovery is blocked
+        wait_until(lambda: receiver.of_kind("RecoveryBlocked", app), timeout=20, what="the RecoveryBlocked webhook")
+        blocked = _delay(relay, receiver, app, "executor.recovery.blocked", "RecoveryBlocked")
+        [(headers, payload)] = receiver.of_kind("RecoveryBlocked", app)
+        assert headers["x-relay-alert-id"] == payload["id"] and payload["ruleId"] is None
+        assert "doomed" in payload["message"] and "no HEALTHY executor of version 'v1'" in payload["message"]
+        assert not receiver.of_kind("RecoveryUnblocked", app)  # still blocked
+
+        peers.append(RawPeer(relay.ws_url, app, relay.key, "rescuer", version="v1", answer=_answer_alerts))
+        wait_until(lambda: receiver.of_kind("RecoveryUnblocked", app), timeout=20,
+                   what="the RecoveryUnblocked webhook")
+        unblocked = _delay(relay, receiver, app, "executor.recovery.unblocked", "RecoveryUnblocked")
+        wait_until(lambda: "doomed" not in relay.executors(app), timeout=20, what="doomed recovered and deleted")
+        [(_, resolved)] = receiver.of_kind("RecoveryUnblocked", app)
+        assert "goes ahead via rescuer" in resolved["message"] and resolved["id"] != payload["id"]
+        assert [r.details["candidate"] for r in audit_rows_at(relay.db_url, app)
+                if r.operation == "executor.recovery.succeeded"] == ["rescuer"]
+        wait_until(lambda: sorted((r.details["kind"], r.details["channel"]) for r in audit_rows_at(relay.db_url, app)
+                                  if r.operation == "alert.sent") == [
+            ("RecoveryBlocked", "executor"), ("RecoveryBlocked", "webhook"),
+            ("RecoveryUnblocked", "executor"), ("RecoveryUnblocked", "webhook")], timeout=15,
+                   what="both alerts audited as sent on both channels")
+    finally:
+        for peer in peers:
+            peer.stop()
+    print(f"\naudit row -> webhook POST: RecoveryBlocked {blocked:.2f} s, RecoveryUnblocked {unblocked:.2f} s "
+          f"(alerts round: every {relay.env['RELAY_ALERT_INTERVAL_SECS']} s)")
+    assert blocked < AT_ONCE and unblocked < AT_ONCE, (blocked, unblocked)

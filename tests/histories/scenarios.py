@@ -161,6 +161,14 @@ async def held_then_recovered(lc: Lifecycle) -> None:
           "dispatched before the holds ended")
 
 
+async def breaker_tripped(lc: Lifecycle) -> None:
+    """The executor's admission at the gate trips the recovery-storm breaker: the workflow starts the
+    RecoveryBreaker alert (the gate's row, by its key), then recovers."""
+    lc.fakes.gate_trip = f"recovery-breaker/{ORG}/{APP}/1"
+    expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
+    _alerts_started(lc, ["app.recovery.breaker_tripped"])
+
+
 async def reconnect_within_grace(lc: Lifecycle) -> None:
     """A reconnect inside the grace cancels it; later the app is deleted (removed while HEALTHY)."""
     await lc.connect("c1")
@@ -201,6 +209,13 @@ async def blocked_then_recovered(lc: Lifecycle) -> None:
     await lc.peer_available()
     expect(await lc.relay.result(), "RECOVERED", attempts=1, by="peer-a")
     check(lc.fakes.audits().count("executor.recovery.blocked") == 1, f"alerts: {lc.fakes.audits()}")
+    _alerts_started(lc, ["executor.recovery.blocked", "executor.recovery.unblocked"])
+
+
+def _alerts_started(lc: Lifecycle, operations: list[str]) -> None:
+    """Since ``own-alerts-at-once``: the deliveries of Relay's own alerts the workflow started, in order."""
+    started = [c.input.operation for c in lc.fakes.own_alerts]
+    check(started == operations, f"own alerts started {started}, expected {operations}")
 
 
 async def continue_as_new_healthy(lc: Lifecycle) -> None:
@@ -240,6 +255,7 @@ async def continue_as_new_mid_recovery(lc: Lifecycle) -> None:
     await lc.peer_available()  # wakes the blocked loop, which then continues-as-new
     await lc.second_run()
     expect(await lc.relay.result(), "RECOVERED", attempts=1)
+    _alerts_started(lc, ["executor.recovery.blocked", "executor.recovery.unblocked"])  # unblocked in run 2
 
 
 async def dead_executor_returns(lc: Lifecycle) -> None:
@@ -270,7 +286,9 @@ async def recovery_called_off(lc: Lifecycle) -> None:
     await lc.die_blocked()
     await lc.connect("c2")
     await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
-    check(lc.fakes.audits()[-1] == "executor.recovery.cancelled", f"audits {lc.fakes.audits()}")
+    check(lc.fakes.audits()[-2:] == ["executor.recovery.cancelled", "executor.recovery.unblocked"],
+          f"audits {lc.fakes.audits()}")
+    _alerts_started(lc, ["executor.recovery.blocked", "executor.recovery.unblocked"])
     check(not lc.fakes.dispatches, "a recovery request went out")
     await lc.relay.remove()
     expect(await lc.relay.result(), "REMOVED")
@@ -498,6 +516,7 @@ SCENARIOS = [
     Scenario("retries-every-peer-fails", retries_every_peer_fails),
     Scenario("blocked-then-recovered", blocked_then_recovered),
     Scenario("held-then-recovered", held_then_recovered),
+    Scenario("breaker-tripped", breaker_tripped),
     Scenario("continue-as-new-healthy", continue_as_new_healthy, runs=2, signal_budget=LOWERED_SIGNAL_BUDGET),
     Scenario("continue-as-new-mid-grace", continue_as_new_mid_grace, runs=2, signal_budget=LOWERED_SIGNAL_BUDGET),
     Scenario("continue-as-new-mid-recovery", continue_as_new_mid_recovery, runs=2,

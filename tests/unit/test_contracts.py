@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from temporalio import activity
 
-from activities.alerts import AlertActivities
+from activities.alerts import AlertActivities, OwnAlertActivities
 from activities.gate import GateActivities
 from activities.orphans import OrphanActivities
 from activities.reconcile import ReconcileActivities
@@ -60,7 +60,7 @@ def implementations() -> Iterator[dict[str, Callable[..., Any]]]:
     """What the worker and the gateways register: the bound methods their ``all()`` lists."""
     store = Store(make_engine("sqlite://"))
     registered = [*RegistryActivities(store).all(), *RetentionActivities(store).all(), *HubActivities(Hub()).all(),
-                  *GateActivities(store).all(), *AlertActivities(store).all(),
+                  *GateActivities(store).all(), *AlertActivities(store).all(), *OwnAlertActivities(store).all(),
                   *OrphanActivities(store).all(), *ReconcileActivities(store).all()]
     yield {_name(fn): fn for fn in registered}
     store.engine.dispose()

@@ -211,6 +211,19 @@ def test_compose_ports_agree_with_haproxy_and_prometheus(compose: dict[str, Any]
     assert "haproxy:8405" in targets and '"${LB_METRICS_BIND-:8405}"' in cfg
 
 
+def test_compose_migrates_in_its_one_shot_only(compose: dict[str, Any]) -> None:
+    """Gateways and workers run no DDL at start (RELAY_MIGRATE_ON_START=false): `relay migrate` does, once, before
+    any of them starts."""
+    services = compose["services"]
+    servers = [name for name, s in services.items() if s.get("command") in (["gateway"], ["worker"])]
+    assert len(servers) == 4
+    for name in servers:
+        assert settings_of(services[name]["environment"]).migrate_on_start is False, name
+        assert services[name]["depends_on"]["relay-migrate"]["condition"] == "service_completed_successfully"
+    assert services["relay-migrate"]["command"] == ["migrate"]
+    assert services["relay-migrate"]["restart"] == "no"
+
+
 def test_compose_stops_gateways_after_their_drain(compose: dict[str, Any]) -> None:
     for name in ("gateway-1", "gateway-2"):
         assert haproxy_duration(compose["services"][name]["stop_grace_period"]) > drain()
@@ -247,6 +260,22 @@ def test_kubernetes_objects(manifests: list[dict[str, Any]]) -> None:
     assert not of_kind(manifests, "Secret")
     for service in of_kind(manifests, "Service"):
         assert "sessionAffinity" not in service["spec"] or service["spec"]["sessionAffinity"] == "None"
+
+
+def test_kubernetes_migrates_in_its_job_only(manifests: list[dict[str, Any]]) -> None:
+    """The Deployments' containers run no DDL at start (RELAY_MIGRATE_ON_START=false); the Job's first step is
+    `relay migrate` (which migrates whatever that setting says), on the same database."""
+    deployments = of_kind(manifests, "Deployment")
+    assert {m["metadata"]["name"] for m in deployments} == {"relay-gateway", "relay-worker"}
+    for deployment in deployments:
+        for container in containers(deployment):
+            assert settings_of(container_env(manifests, container)).migrate_on_start is False, container["name"]
+    job = of_kind(manifests, "Job")[0]
+    (migrate,) = job["spec"]["template"]["spec"]["initContainers"]
+    assert migrate["args"] == ["migrate"]
+    gateway = next(m for m in deployments if m["metadata"]["name"] == "relay-gateway")
+    assert container_env(manifests, migrate)["RELAY_DATABASE_URL"] == \
+        container_env(manifests, containers(gateway)[0])["RELAY_DATABASE_URL"]
 
 
 def test_gateway_ports_and_probes_agree_with_relay(manifests: list[dict[str, Any]]) -> None:
@@ -324,6 +353,16 @@ def test_haproxy_checks_readiness_without_stickiness() -> None:
     log_format = re.search(r'^\s*log-format\s+"(.*)"\s*$', cfg, re.MULTILINE)
     assert log_format and not re.search(r"%\{[^}]*\}?(r|HU|HP|HQ)\b|%(r|HU|HP|HQ)\b", log_format.group(1))
     assert "http-request set-var(txn.logged_path) str(/websocket/...) if { path_sub -i websocket }" in cfg
+
+
+def test_haproxy_takes_a_draining_gateway_out_of_rotation_before_its_drain_ends() -> None:
+    """A gateway on SIGTERM fails its checks at once; after ``fall`` failed checks ``inter`` apart (the first one up
+    to ``inter`` late), HAProxy stops sending it executors: that must come before the drain closes their sockets,
+    or they would reconnect to the gateway that is going away."""
+    found = re.search(r"^\s*default-server\s+check\s+inter\s+(\S+)\s+fall\s+(\d+)", HAPROXY_CFG.read_text(),
+                      re.MULTILINE)
+    assert found, "default-server check inter <time> fall <n>"
+    assert haproxy_duration(found.group(1)) * int(found.group(2)) < drain()
 
 
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:

@@ -233,4 +233,4 @@ def test_the_scripts_ship_inside_the_package() -> None:
     """Alembic finds the revisions next to the installed ``core.migrations`` (package data, not the checkout)."""
     assert (migrations.SCRIPT_LOCATION / "env.py").is_file()
     assert (migrations.SCRIPT_LOCATION / "script.py.mako").is_file()
-    assert migrations.heads() == frozenset({"0004"})
+    assert migrations.heads() == frozenset({"0005"})

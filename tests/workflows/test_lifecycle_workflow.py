@@ -197,14 +197,80 @@ async def test_no_candidate_waits_then_recovers(relay: Relay) -> None:
 
     assert result == LifecycleResult(status="RECOVERED", recovered_by=fakes.peers[0].executor_id, attempts=1)
     assert len(fakes.selects) == 4
-    assert fakes.audits() == ["executor.recovery.blocked", "executor.recovery.dispatched",
-                              "executor.recovery.succeeded"]
+    assert fakes.audits() == ["executor.recovery.blocked", "executor.recovery.unblocked",
+                              "executor.recovery.dispatched", "executor.recovery.succeeded"]
     assert fakes.audit_calls[0].input.status == "failure"
     # While blocked it looks again at least a backoff later (the periodic re-check; no peer signalled).
     times = [c.scheduled for c in fakes.selects]
     gaps = [later - earlier for earlier, later in zip(times, times[1:], strict=False)]
     assert all(gap >= BACKOFF_INITIAL * 2**n for n, gap in enumerate(gaps)), gaps
     assert len(fakes.dispatches) == 1 and len(fakes.deletes) == 1
+
+
+async def test_a_blocked_recovery_starts_its_alerts_as_they_happen(relay: Relay) -> None:
+    """RecoveryBlocked's delivery is started right after its audit row, with that row's key (the alert's id comes
+    from it); once a peer is there and the recovery goes ahead, ``executor.recovery.unblocked`` and its delivery
+    (RecoveryUnblocked) come before the request. The periodic re-checks while blocked alert nothing more."""
+    fakes = relay.fakes
+    fakes.peers_available = False
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+
+    def blocked_alert_started() -> None:
+        assert [c.input.operation for c in fakes.own_alerts] == ["executor.recovery.blocked"]
+
+    await assert_eventually(blocked_alert_started)
+    [row] = [c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.blocked"]
+    [started] = fakes.own_alerts
+    assert (started.input.event_key, started.input.executor_id) == (row.event_key, relay.executor_id)
+    assert (started.input.org, started.input.app, started.input.details) == (ORG, APP, row.details)
+    assert started.scheduled - (await relay.env.get_current_time()) < timedelta(seconds=5)  # no round to wait for
+    await relay.env.sleep(BLOCKED_RECHECK * 2 + timedelta(seconds=5))  # re-checks find no peer: no new alert
+    assert len(fakes.selects) >= 3 and len(fakes.own_alerts) == 1
+
+    fakes.peers_available = True
+    await relay.latest.signal(ExecutorLifecycleWorkflow.peer_available, PeerAvailableSignal("peer-a", VERSION))
+    assert (await relay.result()).status == "RECOVERED"
+    assert fakes.audits() == ["executor.recovery.blocked", "executor.recovery.unblocked",
+                              "executor.recovery.dispatched", "executor.recovery.succeeded"]
+    [unblocked] = [c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.unblocked"]
+    assert unblocked.details["candidate"] == fakes.peers[0].executor_id
+    assert unblocked.durations["blockedSecs"] >= BLOCKED_RECHECK * 2
+    assert [(c.input.operation, c.input.event_key) for c in fakes.own_alerts] == [
+        ("executor.recovery.blocked", row.event_key), ("executor.recovery.unblocked", unblocked.event_key)]
+    assert fakes.own_alerts[1].scheduled <= fakes.dispatches[0].scheduled
+
+
+async def test_the_admission_that_trips_the_breaker_starts_its_alert(relay: Relay) -> None:
+    """The gate writes the trip's row in its transaction and says so; the workflow whose admission it was starts
+    the RecoveryBreaker alert, with that row's key, before its recovery goes on."""
+    fakes = relay.fakes
+    fakes.gate_trip = "recovery-breaker/acme/shop/1"
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    assert (await relay.result()).status == "RECOVERED"
+    [started] = [c.input for c in fakes.own_alerts]
+    assert (started.operation, started.event_key, started.executor_id) == (
+        "app.recovery.breaker_tripped", "recovery-breaker/acme/shop/1", relay.executor_id)
+    assert started.details == {"down": 3, "population": 4}
+    assert fakes.own_alerts[0].scheduled <= fakes.dispatches[0].scheduled
+
+
+async def test_an_alert_that_cannot_be_started_holds_no_recovery(relay: Relay) -> None:
+    """``start_own_alert`` failing for good (Temporal refusing the start): the recovery goes on regardless."""
+    fakes = relay.fakes
+    fakes.candidate_script = [None]
+    fakes.fail_own_alerts = True
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    assert (await relay.result()).status == "RECOVERED"
+    assert [c.input.operation for c in fakes.own_alerts] == ["executor.recovery.blocked",
+                                                             "executor.recovery.unblocked"]
+    assert fakes.audits()[:2] == ["executor.recovery.blocked", "executor.recovery.unblocked"]
 
 
 async def test_only_peer_fails_then_is_retried_after_backoff(relay: Relay) -> None:
@@ -379,7 +445,11 @@ async def test_back_before_any_recovery_request_calls_recovery_off(relay: Relay)
 
     await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
     assert not fakes.dispatches and not fakes.deletes
-    assert fakes.audits()[-1] == "executor.recovery.cancelled", fakes.audits()
+    # Called off, and the blocked stretch's end said (RecoveryUnblocked): its alert had gone out.
+    assert fakes.audits()[-2:] == ["executor.recovery.cancelled", "executor.recovery.unblocked"], fakes.audits()
+    assert [c.input.operation for c in fakes.own_alerts] == ["executor.recovery.blocked",
+                                                             "executor.recovery.unblocked"]
+    assert "called off" in fakes.own_alerts[1].input.details["reason"]
     description = await relay.latest.describe()
     assert description.run_id == first_run and description.status == WorkflowExecutionStatus.RUNNING
     state = await relay.state()

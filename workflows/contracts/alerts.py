@@ -1,6 +1,7 @@
-"""The alerts workflow's contract: the schedule's round (``AlertsWorkflow``), what it reads and writes, and its
-activities (stubs; implemented in ``activities.alerts``). Requests to executors reuse retention's executor choice
-(``select_retention_executor``) and the gateways' ``executor_request``.
+"""The alerts workflows' contract: the schedule's round (``AlertsWorkflow``) and the delivery of one of Relay's own
+alerts as it happens (``OwnAlertWorkflow``), what they read and write, and their activities (stubs; implemented in
+``activities.alerts``). Requests to executors reuse retention's executor choice (``select_retention_executor``)
+and the gateways' ``executor_request``.
 
 The logic (what a rule's metadata means, when it fires, what the webhook carries) is ``core.alerts``; the workflow
 only carries its results, so it imports nothing of ``core``."""
@@ -19,6 +20,13 @@ from workflows.contracts.common import STUB, Activity
 # The Temporal Schedule that starts an AlertsWorkflow every RELAY_ALERT_INTERVAL_SECS (its runs are named
 # ``relay-alerts-<timestamp>`` by the schedule).
 ALERTS_SCHEDULE_ID = "relay-alerts"
+# The workflow that delivers one of Relay's own alerts, by name (activities start it, and may not import workflows
+# code); its id is ``own_alert_workflow_id`` of the alert's id, so a second start of one alert is refused.
+OWN_ALERT_WORKFLOW = "OwnAlertWorkflow"
+
+
+def own_alert_workflow_id(alert_id: str) -> str:
+    return f"relay-alert/{alert_id}"
 
 
 class Channel:
@@ -70,6 +78,21 @@ class OwnEvents:
 
 
 @dataclass
+class OwnAlertEvent:
+    """One audit row of Relay's own alert operations (``core.alerts.OWN_OPERATIONS``), as the code that wrote it
+    hands it to ``start_own_alert`` (or the round, for a row whose delivery was not started). ``event_key`` is the
+    row's: the alert's id derives from it (``core.own_alerts``), so every start for one row is one workflow."""
+
+    org: str
+    app: str
+    operation: str
+    event_key: str
+    time: datetime
+    executor_id: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
 class AlertsInput:
     """The schedule's argument to every round; the worker rewrites it when the settings change."""
 
@@ -91,9 +114,11 @@ class LoadAlertRoundInput:
 @dataclass
 class AlertRound:
     rules: list[RuleState] = field(default_factory=list)
-    own: list[OwnEvents] = field(default_factory=list)
+    own: list[OwnEvents] = field(default_factory=list)  # grouped: what a round before ``OWN_AT_ONCE_PATCH`` sends
     # Audit rows up to this instant were read for Relay's own alerts; None: there was nothing to read.
     audit_until: datetime | None = None
+    # The same rows one by one: a round since ``OWN_AT_ONCE_PATCH`` starts the delivery of any not started yet.
+    own_events: list[OwnAlertEvent] = field(default_factory=list)
 
 
 @dataclass
@@ -166,9 +191,63 @@ class AdvanceAlertWatermarkInput:
 
 @dataclass
 class AlertsRoundResult:
-    fired: list[str] = field(default_factory=list)  # rule ids, and "own:<kind>:<org>/<app>"
+    fired: list[str] = field(default_factory=list)  # rule ids, and "own:<kind>:<org>/<app>" (before the patch)
     suppressed: list[str] = field(default_factory=list)  # rule ids held back by minIntervalSecs
     unchecked: list[str] = field(default_factory=list)  # rule ids nothing could be found out about
+    failed: list[str] = field(default_factory=list)  # rule ids whose evaluation failed (the others went on)
+    # The event keys of own-alert rows whose delivery this round started: nobody had (their writer's start failed).
+    own_started: list[str] = field(default_factory=list)
+
+
+# -- one of Relay's own alerts, as it happens ---------------------------------------------------------------------
+
+
+@dataclass
+class DeliveryOptions:
+    """How an alert is delivered: as ``AlertsInput`` says for a round's alerts, as the worker's settings say for
+    Relay's own (``claim_own_alert`` returns them)."""
+
+    reply_timeout: timedelta = timedelta(seconds=30)
+    webhook_attempts: int = 5
+    executor_attempts: int = 3
+
+
+@dataclass
+class OwnAlertInput:
+    """``OwnAlertWorkflow``'s argument: the alert (its id derived from its audit row's key) and that row's
+    operation."""
+
+    alert: Alert
+    operation: str = ""
+
+
+@dataclass
+class ClaimOwnAlertInput:
+    """Claim the right to send ``alert`` at ``now``, at most one alert per (org, app, kind) per the minimum
+    interval. ``held_behind`` set: the alert was held back behind the one sent then, waited, and asks again."""
+
+    alert: Alert
+    now: datetime
+    held_behind: datetime | None = None
+
+
+@dataclass
+class OwnAlertClaim:
+    """``send``: deliver ``message`` (the alert's, with what was held back since the last one). Otherwise it is held
+    back; ``flush_at`` set (the first held back since the last one was sent): ask again then, with
+    ``held_behind``, to send it unless another alert of the kind went out meanwhile and counted it."""
+
+    send: bool
+    message: str = ""
+    flush_at: datetime | None = None
+    held_behind: datetime | None = None
+    options: DeliveryOptions = field(default_factory=DeliveryOptions)
+
+
+@dataclass
+class OwnAlertResult:
+    sent: bool
+    held_back: bool = False  # audited ``alert.suppressed``; counted by the next alert of its kind
 
 
 # -- activities (stubs, called by reference; the implementations are registered under the same names) ----------
@@ -199,4 +278,16 @@ async def advance_alert_watermark(input: AdvanceAlertWatermarkInput) -> None:
 @activity.defn(name=Activity.SEND_ALERT_WEBHOOK)
 async def send_alert_webhook(input: SendAlertWebhookInput) -> WebhookResult:
     """POST the alert to RELAY_ALERT_WEBHOOK_URL, signed; a non-2xx answer raises (retried by Temporal)."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.START_OWN_ALERT)
+async def start_own_alert(input: OwnAlertEvent) -> bool:
+    """Start the ``OwnAlertWorkflow`` of the row's alert; False when it was started already (it is delivered)."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.CLAIM_OWN_ALERT)
+async def claim_own_alert(input: ClaimOwnAlertInput) -> OwnAlertClaim:
+    """The rate of Relay's own alerts per (org, app, kind), by compare-and-set in the database."""
     raise NotImplementedError(STUB)

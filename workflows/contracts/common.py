@@ -39,6 +39,8 @@ class Activity:
     SELECT_RETENTION_EXECUTOR = "select_retention_executor"
     WRITE_RETENTION_AUDIT = "write_retention_audit"
     DISPATCH_RETENTION = "dispatch_retention"
+    # The audit log's own retention: a database activity of the round, on the shared queue.
+    PRUNE_AUDIT_LOG = "prune_audit_log"
     # Gateway watch: held on the gateway's own queue; the sweep runs on the shared queue once it is gone.
     HOLD_GATEWAY = "hold_gateway"
     DISCONNECT_GATEWAY_EXECUTORS = "disconnect_gateway_executors"
@@ -57,6 +59,10 @@ class Activity:
     WRITE_ALERT_AUDIT = "write_alert_audit"
     ADVANCE_ALERT_WATERMARK = "advance_alert_watermark"
     SEND_ALERT_WEBHOOK = "send_alert_webhook"
+    # Relay's own alerts as they happen: starting one's delivery (a local activity of the lifecycle workflow, an
+    # activity of the round for a row nobody started), and its rate (a database activity of the delivery).
+    START_OWN_ALERT = "start_own_alert"
+    CLAIM_OWN_ALERT = "claim_own_alert"
     # The orphan sweep: database activities and starting lifecycle workflows, on the shared queue (the aggregates
     # request to an executor goes through its gateway's ``executor_request``).
     LIST_ORPHAN_TARGETS = "list_orphan_targets"

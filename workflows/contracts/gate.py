@@ -3,7 +3,7 @@ first request goes out, and waits as long as it is told to. Implemented in ``act
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from temporalio import activity
@@ -31,6 +31,10 @@ class AdmitRecoveryReply:
     until: datetime | None = None
     # When not ``go``: "paused" (an operator's pause) or "paced" (the storm breaker, or a pause's backlog).
     reason: str = ""
+    # This admission tripped the storm breaker: the event key of the ``app.recovery.breaker_tripped`` row it wrote
+    # (empty otherwise), and the storm's size (``down``, ``population``): the RecoveryBreaker alert's.
+    tripped: str = ""
+    storm: dict[str, int] = field(default_factory=dict)
 
 
 @activity.defn(name=Activity.ADMIT_RECOVERY)

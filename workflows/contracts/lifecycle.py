@@ -73,6 +73,10 @@ class LifecycleState:
     orphan: bool = False
     # When the gateway saw the current connection close (``DisconnectedSignal.at``): for the signal-delay metric.
     disconnected_at: datetime | None = None
+    # Since ``OWN_ALERTS_PATCH``: when the current recovery was first found blocked (no HEALTHY peer of its version)
+    # and its RecoveryBlocked alert started; carried across continue-as-new, so the RecoveryUnblocked that ends it
+    # goes out from whichever run the recovery goes ahead in, and a continued run does not alert again.
+    blocked_since: datetime | None = None
 
 
 @dataclass
