@@ -67,6 +67,9 @@ def configure(*, level: str = "INFO", style: str = "text") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLines() if style == "json" else logging.Formatter(TEXT_FORMAT))
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    # Alembic narrates each revision it applies at INFO: a process starting on a new database would open with eight
+    # lines of it (and a refusal that must be one line would not be). ``relay migrate`` says where it left the schema.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
 
 
 class RedactKeys(logging.Filter):
