@@ -45,7 +45,7 @@ from tests.support import (
     workflow_status,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 APP = "alerting"
 SECRET = "e2e-webhook-secret-not-for-logs"
 RECEIVED_AT = "test-received-at"  # not a header sent: the receiver's note of when the POST arrived

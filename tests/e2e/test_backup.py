@@ -17,7 +17,7 @@ import pytest
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.support import RawPeer, audit_rows_at, play_executor, relay_env, start_relay, wait_recorded, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 APP = "backup-app"
 GRACE_SECS = 5

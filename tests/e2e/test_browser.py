@@ -24,7 +24,7 @@ from tests.browser import Chromium, Page
 from tests.support import Process, Relay, dbos_executor, wait_until
 from workflows.contracts.common import Activity, lifecycle_workflow_id
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 ARTIFACTS = Path(__file__).parents[2] / ".test-artifacts" / "browser"
 GRACE_SECS = 2

@@ -23,7 +23,7 @@ from websockets.exceptions import ConnectionClosed
 
 from tests.support import VENV_BIN, Relay, free_port, play_executor, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 
 def relay_cli(relay: Relay, *args: str, key: str | None = None, url: bool = True, rc: int = 0,

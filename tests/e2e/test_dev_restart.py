@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import play_executor, relay_env, start_relay, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 
 def _children(pid: int) -> set[int]:

@@ -19,7 +19,7 @@ import pytest
 from tests.support import Process, Relay, play_executor, ready, relay_env, start_temporal, wait_until
 from tests.unit.test_image import ignored, requirements
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -32,7 +32,7 @@ from tests.support import (
     wait_until,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 TIMEOUT_SECS = 6  # RELAY_MANAGEMENT_TIMEOUT_SECS: a silent executor costs this much
 PYTHON = SDKS["python"]

@@ -16,7 +16,7 @@ from websockets.sync.client import connect
 
 from tests.support import Process, Relay, dbos_executor, free_port, relay_env, start_relay, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 APP = "metered-recovery"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -25,6 +25,9 @@ from tests.unit.test_migrations import (
     schema_differences,
 )
 
+# Asserts no timing: `make test` runs it two at a time with the others so marked (README, "Tests").
+pytestmark = pytest.mark.concurrent
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[PostgresCluster]:

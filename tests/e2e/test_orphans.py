@@ -20,7 +20,7 @@ import pytest
 
 from tests.support import Relay, audit_rows_at, dbos_executor, relay_env, start_relay, wait_until, workflow_status
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 APP = "orphaned"
 ORPHAN = "orphan-vm-1"
 WORKFLOW = "stranded-1"

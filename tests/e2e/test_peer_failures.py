@@ -34,7 +34,7 @@ from tests.support import (
     workflow_status,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 RECOVERY_TIMEOUT_SECS = 2  # RELAY_RECOVERY_TIMEOUT_SECS: how long a peer has to answer
 RECOVERY_OPS = ("executor.dead", "executor.recovery.dispatched", "executor.recovery.failed",
                 "executor.recovery.succeeded", "executor.deleted")

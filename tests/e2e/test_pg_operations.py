@@ -38,7 +38,7 @@ from tests.support import VENV_BIN, Process, free_port, relay_env
 from tests.unit.test_migrations import revision, schema_differences
 from tests.unit.test_schema_version import BEHIND, HEAD
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 TABLE_RIGHTS = "SELECT, INSERT, UPDATE, DELETE"
 
 

@@ -26,7 +26,7 @@ from tests.support import (
 )
 from workflows.contracts.common import lifecycle_workflow_id
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 GRACE_SECS = 4
 

@@ -26,7 +26,7 @@ from tests.api.test_compat import assert_problem, assert_upstream
 from tests.postgres import postgres_cluster, relay_on_postgres
 from tests.support import Relay, play_executor, wait_until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 ORG = "/v2/orgs/local"
 

@@ -33,7 +33,7 @@ from workflows.contracts.retention import (
     RetentionRoundResult,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 EXECUTOR_APP = Path(__file__).parents[1] / "executor_app.py"
 LONG_INTERVAL_SECS = 30 * 86_400
 GC_BATCH_SIZE = 1234  # not a default, so the test sees the setting reach the wire

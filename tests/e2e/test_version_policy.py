@@ -10,7 +10,7 @@ import pytest
 
 from tests.support import Process, Relay, audit_rows, dbos_executor, wait_until, workflow_status
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 APP = "versioned-app"
 
 

@@ -11,7 +11,7 @@ from core.temporal import connect
 from tests.support import Relay, play_executor, wait_until
 from workflows.contracts.common import lifecycle_workflow_id
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 
 async def _ids(relay: Relay, query: str) -> set[str]:
