@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Generic, TypeVar
@@ -22,6 +22,7 @@ from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError
 from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
 
 from tests.conftest import assert_eventually
 from workflows.contracts.alerts import OwnAlertEvent
@@ -433,3 +434,25 @@ DISCONNECTED = ("DISCONNECTED", "executor.disconnected")
 RECONNECTED = ("HEALTHY", "executor.reconnected")
 SUPERSEDED = ("HEALTHY", "executor.superseded")
 DEAD = ("DEAD", "executor.dead")
+
+
+@contextlib.asynccontextmanager
+async def served(env: WorkflowEnvironment, prefix: str) -> AsyncIterator[Relay]:
+    """One executor's lifecycle workflow with FakeRelay's activities: its worker, each peer's gateway fakes on its
+    own queue, and its own gateway's probe; the workflow is stopped at the end."""
+    client = env.client
+    fakes = FakeRelay(task_queue=f"{prefix}-{uuid.uuid4()}", clock=env.get_current_time)
+    relay = Relay(env, fakes)
+    async with contextlib.AsyncExitStack() as stack:
+        await stack.enter_async_context(Worker(client, task_queue=fakes.task_queue,
+                                               workflows=[ExecutorLifecycleWorkflow],
+                                               activities=fakes.db_activities()))
+        for peer in fakes.peers:
+            await stack.enter_async_context(
+                Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities()))
+        await stack.enter_async_context(
+            Worker(client, task_queue=fakes.self_queue, activities=fakes.self_gateway_activities()))
+        try:
+            yield relay
+        finally:
+            await relay.stop()

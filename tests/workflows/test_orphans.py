@@ -6,7 +6,6 @@ ids, ``local`` and ids whose lifecycle workflow already runs."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
@@ -25,7 +24,7 @@ from core.models import make_engine
 from core.store import Store
 from tests.conftest import assert_eventually
 from tests.histories.record import start_env
-from tests.lifecycle_fakes import APP, DEAD, GRACE, HEALTHY, ORG, VERSION, FakeRelay, Relay
+from tests.lifecycle_fakes import APP, DEAD, GRACE, HEALTHY, ORG, VERSION, FakeRelay, Relay, served
 from workflows.contracts.common import (
     SHARED_TASK_QUEUE,
     Activity,
@@ -58,22 +57,8 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 @pytest.fixture
 async def relay(env: WorkflowEnvironment) -> AsyncIterator[Relay]:
     """The lifecycle workflow with FakeRelay's activities, each peer's gateway fakes on its own queue."""
-    client = env.client
-    fakes = FakeRelay(task_queue=f"orphan-test-{uuid.uuid4()}", clock=env.get_current_time)
-    relay = Relay(env, fakes)
-    async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(Worker(client, task_queue=fakes.task_queue,
-                                               workflows=[ExecutorLifecycleWorkflow],
-                                               activities=fakes.db_activities()))
-        for peer in fakes.peers:
-            await stack.enter_async_context(
-                Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities()))
-        await stack.enter_async_context(
-            Worker(client, task_queue=fakes.self_queue, activities=fakes.self_gateway_activities()))
-        try:
-            yield relay
-        finally:
-            await relay.stop()
+    async with served(env, "orphan-test") as relay:
+        yield relay
 
 
 async def test_an_orphan_waits_a_grace_then_is_recovered_through_a_peer_and_audited_as_orphan(relay: Relay) -> None:

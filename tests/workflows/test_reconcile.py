@@ -10,7 +10,6 @@ workflow is not running, and leaves the running ones alone."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import timedelta
@@ -26,7 +25,7 @@ from core.models import make_engine
 from core.store import Store
 from tests.conftest import assert_eventually
 from tests.histories.record import start_env
-from tests.lifecycle_fakes import APP, DEAD, DISCONNECTED, GRACE, ORG, RECONNECTED, VERSION, FakeRelay, Relay
+from tests.lifecycle_fakes import APP, DEAD, DISCONNECTED, GRACE, ORG, RECONNECTED, VERSION, FakeRelay, Relay, served
 from workflows.contracts.common import SHARED_TASK_QUEUE, ExecutorInfo, ExecutorStatus, lifecycle_workflow_id
 from workflows.contracts.gateway_watch import ProbeGatewayReply
 from workflows.contracts.lifecycle import LifecycleInput
@@ -46,22 +45,8 @@ async def env() -> AsyncIterator[WorkflowEnvironment]:
 
 @pytest.fixture
 async def relay(env: WorkflowEnvironment) -> AsyncIterator[Relay]:
-    client = env.client
-    fakes = FakeRelay(task_queue=f"reconcile-test-{uuid.uuid4()}", clock=env.get_current_time)
-    relay = Relay(env, fakes)
-    async with contextlib.AsyncExitStack() as stack:
-        await stack.enter_async_context(Worker(client, task_queue=fakes.task_queue,
-                                               workflows=[ExecutorLifecycleWorkflow],
-                                               activities=fakes.db_activities()))
-        for peer in fakes.peers:
-            await stack.enter_async_context(
-                Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities()))
-        await stack.enter_async_context(
-            Worker(client, task_queue=fakes.self_queue, activities=fakes.self_gateway_activities()))
-        try:
-            yield relay
-        finally:
-            await relay.stop()
+    async with served(env, "reconcile-test") as relay:
+        yield relay
 
 
 def _row(relay: Relay, status: ExecutorStatus) -> RegistryRow:
