@@ -16,6 +16,7 @@ import pytest
 import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from api.app import create_app
+from core import metrics
 from core.settings import Settings
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
@@ -375,3 +376,25 @@ def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Configuration file is valid" in done.stdout + done.stderr
     assert "WARNING" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_the_worker_readiness_probe_is_its_metrics_listeners_readyz(manifests: list[dict[str, Any]]) -> None:
+    worker = next(m for m in of_kind(manifests, "Deployment") if m["metadata"]["name"] == "relay-worker")
+    (container,) = containers(worker)
+    settings = settings_of(container_env(manifests, container))
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports["metrics"] == settings.metrics_port and settings.metrics_host == "0.0.0.0"
+    probe = container["readinessProbe"]["httpGet"]
+    assert (probe["path"], probe["port"]) == ("/readyz", "metrics")
+    assert "livenessProbe" not in container  # a worker away from Temporal retries; it is not restarted for it
+
+    # The listener answers that path as a probe (not with metrics text): 503 with the reason while not ready.
+    served: list[str] = []
+
+    def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        served.append(status)
+        return lambda data: None
+
+    app = metrics.with_probes(lambda environ, start: [b"metrics"], lambda: "draining")
+    body = b"".join(app({"PATH_INFO": probe["path"]}, start_response))
+    assert served == ["503 Service Unavailable"] and b"draining" in body
