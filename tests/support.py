@@ -234,6 +234,35 @@ def start_temporal(data_dir: Path, *extra: str) -> tuple[Process, str]:
     return process, f"127.0.0.1:{port}"
 
 
+@dataclass
+class Gateways:
+    env: dict[str, str]  # the processes' environment (each gateway's own RELAY_PORT and RELAY_GATEWAY_ID added)
+    key: str
+    ports: list[int]
+    processes: list[Process]
+
+
+def start_gateways(data_dir: Path, processes: list[Process], *, count: int = 2, **overrides: str) -> Gateways:
+    """A Temporal dev server, `relay worker`, a key, and ``count`` `relay gateway`s on free ports with fixed ids
+    (``gateway-1``, ...), all on one database, each gateway ready; every process is appended to ``processes`` as it
+    starts, for the caller to stop."""
+    temporal, address = start_temporal(data_dir)
+    processes.append(temporal)
+    env = relay_env(data_dir, RELAY_TEMPORAL_ADDRESS=address, **overrides)
+    processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=env, log=data_dir / "worker.log"))
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
+                         text=True, timeout=60).stdout.strip()
+    ports = [free_port() for _ in range(count)]
+    gateways = []
+    for n, port in enumerate(ports, 1):
+        gateways.append(Process([str(VENV_BIN / "relay"), "gateway"], log=data_dir / f"gateway-{n}.log",
+                                env={**env, "RELAY_PORT": str(port), "RELAY_GATEWAY_ID": f"gateway-{n}"}))
+        processes.append(gateways[-1])
+    for port in ports:
+        wait_until(lambda port=port: ready(f"http://127.0.0.1:{port}"), timeout=60, what="gateway ready")
+    return Gateways(env, key, ports, gateways)
+
+
 # -- recovery under faults: real executors, raw peers, the audit trail with its details ---------------
 
 EXECUTOR_APP = Path(__file__).with_name("executor_app.py")

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import signal
 import sqlite3
-import subprocess
 import threading
 import time
 import uuid
@@ -47,6 +46,7 @@ from tests.support import (
     ready,
     registry,
     relay_env,
+    start_gateways,
     start_temporal,
     wait_recorded,
     wait_until,
@@ -176,20 +176,9 @@ def stack(tmp_path: Path) -> Iterator[Stack]:
     processes: list[Process] = []
     proxy: ReadyProxy | None = None
     try:
-        temporal, address = start_temporal(tmp_path)
-        processes.append(temporal)
-        env = relay_env(tmp_path, RELAY_TEMPORAL_ADDRESS=address, RELAY_SHUTDOWN_DRAIN_SECS=str(DRAIN),
-                        RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT))
-        processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=env, log=tmp_path / "worker.log"))
-        key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                             text=True, timeout=60).stdout.strip()
-        ports = [free_port(), free_port()]
-        gateways = [Process([str(VENV_BIN / "relay"), "gateway"], log=tmp_path / f"gateway-{n}.log",
-                            env={**env, "RELAY_PORT": str(port), "RELAY_GATEWAY_ID": f"gateway-{n}"})
-                    for n, port in enumerate(ports, 1)]
-        processes += gateways
-        for port in ports:
-            wait_until(lambda port=port: ready(f"http://127.0.0.1:{port}"), timeout=60, what="gateway ready")
+        started = start_gateways(tmp_path, processes, RELAY_SHUTDOWN_DRAIN_SECS=str(DRAIN),
+                                 RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT))
+        env, key, ports, gateways = started.env, started.key, started.ports, started.processes
         proxy = ReadyProxy(ports)
         wait_until(lambda: len(proxy.ready) == 2, timeout=10, what="both gateways ready at the proxy")
         yield Stack(env, tmp_path, key, gateways, ports, proxy)

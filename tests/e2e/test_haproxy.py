@@ -8,7 +8,6 @@ The configuration file is used as shipped: only the addresses it reads from the 
 from __future__ import annotations
 
 import re
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,17 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.support import (
-    VENV_BIN,
     Process,
     RawPeer,
     Relay,
     audit_rows,
     free_port,
-    healthy,
     ready,
     registry,
-    relay_env,
-    start_temporal,
+    start_gateways,
     wait_until,
 )
 
@@ -47,20 +43,8 @@ def stack(tmp_path: Path) -> Iterator[tuple[Relay, list[Process], Path]]:
         pytest.skip("Debian's haproxy is not installed (make test installs it)")
     processes: list[Process] = []
     try:
-        temporal, address = start_temporal(tmp_path)
-        processes.append(temporal)
-        env = relay_env(tmp_path, RELAY_TEMPORAL_ADDRESS=address,
-                        RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT))
-        processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=env, log=tmp_path / "worker.log"))
-        key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                             text=True, timeout=60).stdout.strip()
-        ports = [free_port(), free_port()]
-        gateways = [Process([str(VENV_BIN / "relay"), "gateway"], log=tmp_path / f"gateway-{n}.log",
-                            env={**env, "RELAY_PORT": str(port), "RELAY_GATEWAY_ID": f"gateway-{n}"})
-                    for n, port in enumerate(ports, 1)]
-        processes += gateways
-        for port in ports:
-            wait_until(lambda port=port: healthy(f"http://127.0.0.1:{port}"), timeout=60, what="gateway up")
+        started = start_gateways(tmp_path, processes, RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT))
+        env, key, ports, gateways = started.env, started.key, started.ports, started.processes
         lb_port, log = free_port(), tmp_path / "haproxy.log"
         lb_env = {"PATH": "/usr/bin:/bin", "LB_BIND": f"127.0.0.1:{lb_port}",
                   "LB_METRICS_BIND": f"127.0.0.1:{free_port()}",
