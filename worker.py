@@ -20,8 +20,15 @@ from temporalio.client import (
     ScheduleUpdateInput,
 )
 from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.converter import (
+    DataConverter,
+    SerializationContext,
+    StorageDriverStoreContext,
+    StorageDriverWorkflowInfo,
+    WorkflowSerializationContext,
+)
 from temporalio.service import RPCError
-from temporalio.worker import Worker
+from temporalio.worker import Worker, WorkflowInstance, WorkflowInstanceDetails
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
 
 from activities.alerts import AlertActivities, OwnAlertActivities
@@ -56,6 +63,60 @@ MAX_CACHED_WORKFLOWS = 20_000
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 
 
+class _Contextless(WorkflowInstance):
+    """A sandboxed workflow instance that answers the SDK's per-payload questions (which serialization context,
+    which external-store target) outside the sandbox.
+
+    The SDK asks them for every payload of every activation and completion, six passes each, and the sandboxed
+    instance answers each by compiling and running a snippet inside the sandbox: a quarter of the worker's CPU in a
+    burst of deaths (``tests/bench/profile.py``). Relay's data converter has no codec and no external storage, and
+    its payload converter reads no context, so the answer changes nothing: the workflow's own context for every
+    payload. The workflow code itself still runs in the sandbox."""
+
+    def __init__(self, inner: WorkflowInstance, det: WorkflowInstanceDetails) -> None:
+        self._inner = inner
+        info = det.info
+        self._context = WorkflowSerializationContext(namespace=info.namespace, workflow_id=info.workflow_id)
+        self._store = StorageDriverStoreContext(target=StorageDriverWorkflowInfo(
+            id=info.workflow_id, run_id=info.run_id, type=info.workflow_type, namespace=info.namespace))
+
+    def activate(self, act):  # type: ignore[no-untyped-def]  # the SDK's generated protobuf types
+        return self._inner.activate(act)
+
+    def get_serialization_context(self, command_info: object) -> SerializationContext | None:
+        return self._context
+
+    def get_external_store_context(self, command_info: object) -> StorageDriverStoreContext:
+        return self._store
+
+    def get_info(self):  # type: ignore[no-untyped-def]
+        return self._inner.get_info()
+
+    def get_thread_id(self) -> int | None:
+        return self._inner.get_thread_id()
+
+
+class ContextlessSandboxRunner(SandboxedWorkflowRunner):
+    """The sandbox, with the serialization-context questions answered outside it (``_Contextless``). Only for a
+    data converter with neither a payload codec nor external storage, the two things a context could change
+    (``build_worker`` checks the client's)."""
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        return _Contextless(super().create_instance(det), det)
+
+
+def workflow_runner(converter: DataConverter) -> SandboxedWorkflowRunner:
+    """The sandbox Relay's workflows run in; answering the serialization-context questions outside it
+    (``ContextlessSandboxRunner``) unless ``converter`` has a payload codec or external storage."""
+    # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
+    # re-importing them for every workflow run is most of the cost of starting one (the connect-storm benchmark).
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.contracts",
+                                                                        "workflows.timing", "workflows.fence")
+    if converter.payload_codec is None and converter.external_storage is None:
+        return ContextlessSandboxRunner(restrictions=restrictions)
+    return SandboxedWorkflowRunner(restrictions=restrictions)
+
+
 def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_QUEUE,
                  settings: Settings | None = None) -> Worker:
     alerts = AlertActivities(store, webhook_url=settings.alert_webhook_url if settings else None,
@@ -73,11 +134,7 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         # On SIGTERM polling stops, and the activities in flight get this long to finish before they are cancelled
         # (the longest, an alert webhook's POST, gives up after 10 s); within the 30 s stop grace in deploy/.
         graceful_shutdown_timeout=timedelta(seconds=15),
-        # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
-        # re-importing them for every workflow run is most of the cost of starting one (the connect-storm benchmark).
-        workflow_runner=SandboxedWorkflowRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.contracts",
-                                                                             "workflows.timing", "workflows.fence")),
+        workflow_runner=workflow_runner(client.data_converter),
     )
 
 

@@ -614,7 +614,11 @@ class Store:
             # Plain rows, not the ORM's (a burst of deaths reads every ticket on every admission); the one this
             # admission writes is loaded as an object below.
             c = s.connection()
-            stored = {t.executor_id: t for t in c.execute(_TICKETS, {"org": org, "app": app})}
+            # Only the tickets the gate can read: deaths within its window, tickets not yet let through, and this
+            # executor's own. A finished ticket older than the window changes no decision (``core.gate``): reading
+            # every ticket of the last hour made each admission of a storm cost as much as all the deaths before it.
+            stored = {t.executor_id: t for t in c.execute(_TICKETS, {"org": org, "app": app, "me": executor_id,
+                                                                     "since": now - policy.window})}
             # The gate reads the executors that are down or hold a ticket; the others (HEALTHY) only as a count.
             registry = {e.executor_id: gate.Registered(str(e.status), e.updated_at) for e in c.execute(
                 _REGISTERED, {"org": org, "app": app, "healthy": ExecutorStatus.HEALTHY,
@@ -635,11 +639,10 @@ class Store:
             self._gate_audit(s, decision, org=org, app=app, executor_id=executor_id, trips=breaker.trips,
                              policy=policy, event_key=event_key)
             kept = now - max(policy.window, TICKETS_KEPT)  # finished tickets stop counting after a while
-            done = [i for i, t in stored.items() if i != executor_id and t.granted_at is not None and t.died_at < kept]
-            if done:
-                s.execute(sa_delete(RecoveryTicket).where(
-                    col(RecoveryTicket.org) == org, col(RecoveryTicket.app) == app,
-                    col(RecoveryTicket.executor_id).in_(done)))
+            s.execute(sa_delete(RecoveryTicket).where(
+                col(RecoveryTicket.org) == org, col(RecoveryTicket.app) == app,
+                col(RecoveryTicket.executor_id) != executor_id, col(RecoveryTicket.granted_at).is_not(None),
+                col(RecoveryTicket.died_at) < kept))
             if own is not None and mine.granted_at is not None and mine.died_at < kept:
                 s.delete(own)
             s.commit()
@@ -1044,7 +1047,9 @@ _REGISTERED = select(Executor.executor_id, Executor.status, Executor.updated_at)
 _POPULATION = select(func.count()).select_from(Executor).where(Executor.org == bindparam("org"),
                                                                Executor.app == bindparam("app"))
 _TICKETS = select(*RecoveryTicket.__table__.columns).where(  # type: ignore[attr-defined]
-    col(RecoveryTicket.org) == bindparam("org"), col(RecoveryTicket.app) == bindparam("app"))
+    col(RecoveryTicket.org) == bindparam("org"), col(RecoveryTicket.app) == bindparam("app"),
+    or_(col(RecoveryTicket.died_at) >= bindparam("since"), col(RecoveryTicket.granted_at).is_(None),
+        col(RecoveryTicket.executor_id) == bindparam("me")))
 _TICKET_PEERS = select(RecoveryTicket.executor_id, RecoveryTicket.candidate_id).where(
     RecoveryTicket.org == bindparam("org"), RecoveryTicket.app == bindparam("app"))
 _CLAIMS = select(RecoveryClaim.candidate_id, RecoveryClaim.dead_executor_id, RecoveryClaim.claimed_at).where(

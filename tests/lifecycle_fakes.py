@@ -25,6 +25,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from tests.conftest import assert_eventually
+from worker import workflow_runner
 from workflows.contracts.alerts import OwnAlertEvent
 from workflows.contracts.common import (
     Activity,
@@ -446,7 +447,8 @@ async def served(env: WorkflowEnvironment, prefix: str) -> AsyncIterator[Relay]:
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(Worker(client, task_queue=fakes.task_queue,
                                                workflows=[ExecutorLifecycleWorkflow],
-                                               activities=fakes.db_activities()))
+                                               activities=fakes.db_activities(),
+                                               workflow_runner=workflow_runner(client.data_converter)))
         for peer in fakes.peers:
             await stack.enter_async_context(
                 Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities()))

@@ -19,7 +19,7 @@ from core import gate
 from core.candidates import select_candidate
 from core.gate import PACED, PAUSED, Breaker, GatePolicy, Registered, Ticket
 from core.models import AuditLog, ExecutorDrain, RecoveryTicket, make_engine
-from core.store import Store
+from core.store import _TICKETS, Store
 from tests.postgres import postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
 
@@ -442,3 +442,33 @@ def test_the_store_counts_the_healthy_it_does_not_load(store: Store, dead: int, 
     for n in range(dead):
         store.admit_recovery(org=ORG, app=APP, executor_id=f"e{n}", ticket="t", now=now, policy=POLICY)
     assert len(_audits(store, "app.recovery.breaker_tripped")) == trips
+
+
+def test_an_admission_reads_only_the_tickets_it_can_use(store: Store) -> None:
+    """Finished tickets older than the window change no decision: the admission does not read them (a storm's
+    admissions each read every ticket of the last hour before), keeps them for the peers' tie-break until
+    ``TICKETS_KEPT``, and deletes them after; a ticket not yet let through is read whatever its age."""
+    for n in range(4):
+        _record(store, f"e{n}")
+    _record(store, "e0", ExecutorStatus.DEAD)
+    _record(store, "stuck", ExecutorStatus.DEAD)
+    now = datetime.now(UTC)
+    with Session(store.engine) as s:
+        for n in range(30):  # recovered half an hour ago: outside the window, inside TICKETS_KEPT
+            s.add(RecoveryTicket(org=ORG, app=APP, executor_id=f"old{n}", ticket="t", died_at=now - 30 * 60 * S,
+                                 slot_at=now - 30 * 60 * S, granted_at=now - 30 * 60 * S, candidate_id="e1"))
+        for n in range(5):  # two hours ago: past TICKETS_KEPT
+            s.add(RecoveryTicket(org=ORG, app=APP, executor_id=f"older{n}", ticket="t", died_at=now - 7200 * S,
+                                 slot_at=now - 7200 * S, granted_at=now - 7200 * S))
+        s.add(RecoveryTicket(org=ORG, app=APP, executor_id="stuck", ticket="t", died_at=now - 30 * 60 * S,
+                             slot_at=now - 30 * 60 * S))  # never let through (a pause): still read
+        s.commit()
+    with Session(store.engine) as s:  # what the admission's query returns for e0
+        rows = [t.executor_id for t in s.connection().execute(
+            _TICKETS, {"org": ORG, "app": APP, "me": "e0", "since": now - POLICY.window})]
+    assert sorted(rows) == ["stuck"]
+    decision = store.admit_recovery(org=ORG, app=APP, executor_id="e0", ticket="t", now=now, policy=POLICY)
+    assert decision.go and not decision.tripped
+    with Session(store.engine) as s:
+        left = {t.executor_id for t in s.exec(select(RecoveryTicket)).all()}
+    assert left == {f"old{n}" for n in range(30)} | {"stuck", "e0"}

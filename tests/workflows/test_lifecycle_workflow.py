@@ -17,7 +17,6 @@ from temporalio.client import WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.exceptions import ApplicationError, CancelledError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from tests.conftest import assert_eventually
 from tests.lifecycle_fakes import (
@@ -35,6 +34,7 @@ from tests.lifecycle_fakes import (
     Relay,
     keyed,
 )
+from worker import workflow_runner
 from workflows import lifecycle
 from workflows.contracts.common import Candidate, DisconnectedSignal, ExecutorStatus
 from workflows.contracts.lifecycle import (
@@ -61,7 +61,7 @@ async def relay(time_skipping_env: WorkflowEnvironment, request: pytest.FixtureR
     client = time_skipping_env.client
     fakes = FakeRelay(task_queue=f"relay-test-{uuid.uuid4()}", clock=time_skipping_env.get_current_time)
     relay = Relay(time_skipping_env, fakes)
-    runner = SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner()
+    runner = workflow_runner(client.data_converter) if sandboxed else UnsandboxedWorkflowRunner()
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(
             Worker(client, task_queue=fakes.task_queue, workflows=[ExecutorLifecycleWorkflow],

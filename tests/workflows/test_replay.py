@@ -21,12 +21,12 @@ import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from temporalio.workflow import NondeterminismError
 
 from core.temporal import data_converter
 from tests.histories.record import record, start_env
 from tests.histories.scenarios import SCENARIOS
+from worker import workflow_runner
 from workflows import gateway_watch, lifecycle
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
@@ -62,7 +62,7 @@ async def _replay(path: Path, workflows: list[type], monkeypatch: pytest.MonkeyP
         replayer = Replayer(
             workflows=workflows,
             data_converter=data_converter,
-            workflow_runner=SandboxedWorkflowRunner() if sandboxed else UnsandboxedWorkflowRunner(),
+            workflow_runner=workflow_runner(data_converter) if sandboxed else UnsandboxedWorkflowRunner(),
         )
         result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
     return result.replay_failure
