@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TypeVar
 
@@ -72,6 +73,20 @@ RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
 
 class _Removed(Exception):
     """Raised inside the run when a ``removed`` signal ends the workflow's business."""
+
+
+@dataclass
+class _Recovery:
+    """One run's progress through a recovery (``_recover``): what its steps read and update."""
+
+    version: str
+    admitted: bool  # the gate let it through (or the run predates the gate)
+    revival: bool = False  # the last look before a request sees any `connected` (``REVIVAL_PATCH``)
+    backoff: timedelta = BACKOFF_INITIAL
+    failed: list[str] = field(default_factory=list)  # peers whose attempt failed, tried again once all have
+    attempt: int = 0
+    blocked: bool = False  # no peer: the blocked row is written once per stretch
+    details: dict[str, object] = field(default_factory=dict)  # the current attempt's, for its audit rows
 
 # With no peer of the right version, look again this often at most; a peer becoming HEALTHY wakes it at once.
 BLOCKED_RECHECK = timedelta(minutes=5)
@@ -500,84 +515,104 @@ class ExecutorLifecycleWorkflow:
         return result
 
     async def _recover(self) -> tuple[Candidate, int] | None:
-        """Dispatch ``recovery`` to a HEALTHY peer until one confirms it; never give up while the app exists.
-        None: called off before a request went out, because the executor holds a live socket after all."""
-        i = self._input
-        version = self._version()
-        backoff = BACKOFF_INITIAL
-        failed: list[str] = []
-        attempt = 0
-        blocked = False
+        """Recover until a peer confirms it, never giving up while the app exists; None when called off before a
+        request went out (the executor holds a live socket after all). The README's story, step by step: the gate
+        admits (``_admitted``), a peer is found or waited for (``_peer``), the fence looks again (``_still_gone``),
+        the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries another."""
         fenced = self._patched(FENCE_PATCH)
-        admitted = not self._patched(GATE_PATCH)
-        revival = fenced and self._patched(REVIVAL_PATCH)
-        back = self._back if revival else lambda: fenced and self._state.connection is not None
+        run = _Recovery(version=self._version(), admitted=not self._patched(GATE_PATCH))
+        run.revival = fenced and self._patched(REVIVAL_PATCH)
+        back = self._back if run.revival else lambda: fenced and self._state.connection is not None
         while True:
-            if self._should_continue_as_new():
-                # A long wait for a peer must not grow history without bound: the next run resumes recovery.
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(self._next_input(self._state))
+            await self._continue_as_new_if_long()
             if back() and not await self._still_gone():
                 return None  # it came back before any request went out (a wait for a peer, or a backoff)
-            if not admitted:
-                admitted = await self._admitted(back)
+            if not run.admitted:
+                run.admitted = await self._admitted(back)
                 continue  # after a wait: look again for continue-as-new and a revived executor
-            self._peer_hint = False
-            candidate = await self._db(
-                select_candidate,
-                SelectCandidateInput(i.org, i.app, version, exclude=[i.executor_id, *failed],
-                                     dead_executor_id=i.executor_id),
-            )
-            if candidate is None and failed:
-                failed.clear()  # every peer failed once: try them all again after the backoff
-                backoff = await timing.backoff(backoff, "every peer failed once")
-                continue
+            candidate = await self._peer(run, back)
             if candidate is None:
-                if not blocked:
-                    # Alert once per blocked stretch; the workflow's details say so for as long as it lasts.
-                    reason = f"no HEALTHY executor of version {version!r}"
-                    key = await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
-                    self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
-                    blocked = True
-                    if self._state.blocked_since is None and self._patched(OWN_ALERTS_PATCH):
-                        self._state.blocked_since = workflow.now()
-                        await self._own_alert("executor.recovery.blocked", key, {"reason": reason})
-                with contextlib.suppress(TimeoutError):
-                    await workflow.wait_condition(lambda: self._peer_hint or back(), timeout=BLOCKED_RECHECK,
-                                                  timeout_summary="waiting for a HEALTHY peer")
-                continue
-            blocked = False
+                continue  # after a wait for a peer, or a backoff: look again
             if fenced and not await self._still_gone():
                 return None
-            await self._unblocked(f"a HEALTHY executor of version {version!r} is there: recovery goes ahead via "
-                                  f"{candidate.executor_id}", candidate=candidate.executor_id)
-            attempt += 1
-            request_id = str(workflow.uuid4())
-            details: dict[str, object] = {"candidate": candidate.executor_id, "attempt": attempt,
-                                          "request_id": request_id}
-            if candidate.cross_version:
-                details.update(cross_version=True, candidate_version=candidate.app_version,
+            error = await self._dispatch_and_confirm(candidate, run)
+            if error is CALLED_OFF:
+                return None
+            if error is None:
+                await self._recovered(candidate, run.details)
+                return candidate, run.attempt
+            await self._audit("executor.recovery.failed", "failure", {**run.details, "reason": error})
+            run.failed.append(candidate.executor_id)
+            run.backoff = await timing.backoff(run.backoff, f"after attempt {run.attempt}")
+
+    async def _continue_as_new_if_long(self) -> None:
+        """A long wait for a peer must not grow history without bound: the next run resumes recovery."""
+        if self._should_continue_as_new():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._next_input(self._state))
+
+    async def _peer(self, run: _Recovery, back: Callable[[], bool]) -> Candidate | None:
+        """A HEALTHY peer of the dead executor's version, claimed for this recovery; None after waiting for one (no
+        peer: blocked until one connects) or backing off (every peer failed once: all are tried again)."""
+        i = self._input
+        self._peer_hint = False
+        candidate = await self._db(
+            select_candidate,
+            SelectCandidateInput(i.org, i.app, run.version, exclude=[i.executor_id, *run.failed],
+                                 dead_executor_id=i.executor_id),
+        )
+        if candidate is not None:
+            run.blocked = False
+        elif run.failed:
+            run.failed.clear()
+            run.backoff = await timing.backoff(run.backoff, "every peer failed once")
+        else:
+            await self._blocked(run, back)
+        return candidate
+
+    async def _blocked(self, run: _Recovery, back: Callable[[], bool]) -> None:
+        """No peer of the version: alert once per blocked stretch (the workflow's details say so for as long as it
+        lasts), then wait for a peer to become HEALTHY (its ``peer_available``), the executor to come back, or the
+        recheck."""
+        if not run.blocked:
+            reason = f"no HEALTHY executor of version {run.version!r}"
+            key = await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
+            self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
+            run.blocked = True
+            if self._state.blocked_since is None and self._patched(OWN_ALERTS_PATCH):
+                self._state.blocked_since = workflow.now()
+                await self._own_alert("executor.recovery.blocked", key, {"reason": reason})
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(lambda: self._peer_hint or back(), timeout=BLOCKED_RECHECK,
+                                          timeout_summary="waiting for a HEALTHY peer")
+
+    async def _dispatch_and_confirm(self, candidate: Candidate, run: _Recovery) -> str | None:
+        """One attempt via ``candidate``: the request, its answer and the confirmation. The failure reason, None on
+        success, or ``CALLED_OFF`` (the executor was back before the request went out)."""
+        await self._unblocked(f"a HEALTHY executor of version {run.version!r} is there: recovery goes ahead via "
+                              f"{candidate.executor_id}", candidate=candidate.executor_id)
+        run.attempt += 1
+        request_id = str(workflow.uuid4())
+        run.details = {"candidate": candidate.executor_id, "attempt": run.attempt, "request_id": request_id}
+        if candidate.cross_version:
+            run.details.update(cross_version=True, candidate_version=candidate.app_version,
                                note="current SDKs recover only their own version's workflows; confirmation "
                                     "may keep failing")
-            self._describe(f"recovery via `{candidate.executor_id}`, attempt {attempt}")
-            if revival:
-                error = await self._dispatch(candidate, request_id, attempt, details)
-                if error is CALLED_OFF:
-                    return None
-            else:
-                await self._audit("executor.recovery.dispatched", "success", details)
-                error = await self._attempt(candidate, attempt, self._request(candidate, request_id, attempt))
-            if error is None:
-                await self._audit("executor.recovery.succeeded", "success", details)
-                await self._db(
-                    delete_executor,
-                    DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("deleted"),
-                                        details={"recovered_by": candidate.executor_id}),
-                )
-                return candidate, attempt
-            await self._audit("executor.recovery.failed", "failure", {**details, "reason": error})
-            failed.append(candidate.executor_id)
-            backoff = await timing.backoff(backoff, f"after attempt {attempt}")
+        self._describe(f"recovery via `{candidate.executor_id}`, attempt {run.attempt}")
+        if run.revival:
+            return await self._dispatch(candidate, request_id, run.attempt, run.details)
+        await self._audit("executor.recovery.dispatched", "success", run.details)
+        return await self._attempt(candidate, run.attempt, self._request(candidate, request_id, run.attempt))
+
+    async def _recovered(self, candidate: Candidate, details: dict[str, object]) -> None:
+        """Confirmed: the audit row, then the dead executor's registry row deleted."""
+        i = self._input
+        await self._audit("executor.recovery.succeeded", "success", details)
+        await self._db(
+            delete_executor,
+            DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("deleted"),
+                                details={"recovered_by": candidate.executor_id}),
+        )
 
     async def _dispatch(self, candidate: Candidate, request_id: str, attempt: int,
                         details: dict[str, object]) -> str | None:
