@@ -26,6 +26,7 @@ from temporalio.client import Client
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 
+from activities.database import database_calls
 from core import alerts, own_alerts
 from core.logs import OncePerKey
 from core.models import AlertingRule, AuditLog
@@ -69,6 +70,7 @@ class AlertActivities:
     def __init__(self, store: Store, *, webhook_url: str | None = None, webhook_secret: SecretStr | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._store = store
+        self._db = database_calls(store)
         self._url = webhook_url or None
         self._secret = webhook_secret
         self._transport = transport  # tests: an in-process receiver
@@ -76,9 +78,9 @@ class AlertActivities:
 
     @activity.defn(name=Activity.LOAD_ALERT_ROUND)
     async def load_alert_round(self, input: LoadAlertRoundInput) -> AlertRound:
-        rows = await self._store.call(self._store.alert_rules_to_evaluate)
+        rows = await self._db(self._store.alert_rules_to_evaluate)
         until = input.now - AUDIT_SETTLE
-        events, _start = await self._store.call(self._store.own_alert_events, list(alerts.OWN_OPERATIONS),
+        events, _start = await self._db(self._store.own_alert_events, list(alerts.OWN_OPERATIONS),
                                                  until=until, lookback=input.lookback)
         rules = [r for r in (self._readable(*row) for row in rows) if r is not None]
         for r in rules:
@@ -104,7 +106,7 @@ class AlertActivities:
         rule = input.rule
         seen = alerts.observe(rule.rule_type, input.reply, input.failure)
         decision = alerts.decide(rule, seen, input.now)
-        claimed = await self._store.call(
+        claimed = await self._db(
             self._store.record_rule_evaluation, rule.rule_id, now=input.now, fire=decision.fire,
             suppressed=decision.message is not None and not decision.fire,
             expected_last_fired_at=rule.last_fired_at, checked_until=decision.checked_until,
@@ -118,13 +120,13 @@ class AlertActivities:
         details: dict[str, Any] = {"kind": a.kind, "ruleId": a.rule_id, "channel": input.channel,
                                    "outcome": input.outcome, "alertId": a.alert_id, "message": a.message,
                                    "receivingApp": a.receiving_app, "time": a.time.isoformat()}
-        await self._store.call(self._store.write_audit, org=a.org, app=a.app, operation=input.operation,
+        await self._db(self._store.write_audit, org=a.org, app=a.app, operation=input.operation,
                                 executor_id=input.executor_id, status=input.status, details=details,
                                 event_key=input.event_key)
 
     @activity.defn(name=Activity.ADVANCE_ALERT_WATERMARK)
     async def advance_alert_watermark(self, input: AdvanceAlertWatermarkInput) -> None:
-        await self._store.call(self._store.advance_alert_watermark, input.until)
+        await self._db(self._store.advance_alert_watermark, input.until)
 
     @activity.defn(name=Activity.SEND_ALERT_WEBHOOK)
     async def send_alert_webhook(self, input: SendAlertWebhookInput) -> WebhookResult:
@@ -205,6 +207,7 @@ class OwnAlertActivities:
     def __init__(self, store: Store, settings: Settings | None = None, *,
                  task_queue: str = SHARED_TASK_QUEUE) -> None:
         self._store = store
+        self._db = database_calls(store)
         self._rates = own_alerts.OwnAlertRates(store.engine)
         self._task_queue = task_queue
         settings = settings or Settings.model_construct()  # the defaults, not the environment
@@ -218,7 +221,7 @@ class OwnAlertActivities:
     @activity.defn(name=Activity.CLAIM_OWN_ALERT)
     async def claim_own_alert(self, input: ClaimOwnAlertInput) -> OwnAlertClaim:
         a = input.alert
-        outcome = await self._store.call(self._rates.claim, org=a.org, app=a.app, kind=a.kind, alert_id=a.alert_id,
+        outcome = await self._db(self._rates.claim, org=a.org, app=a.app, kind=a.kind, alert_id=a.alert_id,
                                          now=input.now, min_interval=self._min_interval,
                                          held_behind=input.held_behind)
         text = own_alerts.message(a, outcome, flushed=input.held_behind is not None)

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 
+from activities.database import database_calls
 from core.gate import GatePolicy, breaker_event_key
 from core.settings import RecoverySettings
-from core.store import Store, outage, unavailable
+from core.store import Store
 from workflows.contracts.common import Activity
 from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
 
@@ -30,20 +30,14 @@ class GateActivities:
 
     def __init__(self, store: Store, policy: GatePolicy | None = None) -> None:
         self._store = store
+        self._db = database_calls(store)
         self.policy = policy or policy_of(RecoverySettings())
 
     @activity.defn(name=Activity.ADMIT_RECOVERY)
     async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:
-        try:
-            decision = await self._store.call(
-                self._store.admit_recovery, org=input.org, app=input.app, executor_id=input.executor_id,
-                ticket=input.ticket, now=input.now, policy=self.policy, event_key=input.event_key)
-        except Exception as err:
-            if not unavailable(err):
-                raise
-            # As the registry's activities do: a short, retried failure while the database is away.
-            raise ApplicationError(f"database unavailable: {outage(err)}", type="DatabaseUnavailable",
-                                   category=ApplicationErrorCategory.BENIGN) from None
+        decision = await self._db(
+            self._store.admit_recovery, org=input.org, app=input.app, executor_id=input.executor_id,
+            ticket=input.ticket, now=input.now, policy=self.policy, event_key=input.event_key)
         if decision.tripped:
             log.warning("recovery-storm breaker tripped for %s/%s: %s of %s executors down within %s; recoveries "
                         "now paced one per %s", input.org, input.app, decision.storm.get("down"),

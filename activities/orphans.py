@@ -19,6 +19,7 @@ from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSear
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.alerts import start_own_alert_delivery
+from activities.database import database_calls
 from core import metrics, orphans
 from core.store import Store
 from workflows.contracts.alerts import OwnAlertEvent
@@ -49,21 +50,22 @@ class OrphanActivities:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self._db = database_calls(store)
 
     @activity.defn(name=Activity.LIST_ORPHAN_TARGETS)
     async def list_orphan_targets(self, input: ListOrphanTargetsInput) -> list[OrphanTarget]:
-        apps = await self._store.call(self._store.apps_with_healthy_executors)
+        apps = await self._db(self._store.apps_with_healthy_executors)
         body = orphans.aggregates_body(input.now, input.min_age)
         return [OrphanTarget(org, app, dict(body)) for org, app in apps]
 
     @activity.defn(name=Activity.FIND_ORPHANS)
     async def find_orphans(self, input: FindOrphansInput) -> list[Orphan]:
         # Read after the executor answered: an executor that registered meanwhile is left alone.
-        registered = await self._store.call(self._store.registered_executor_ids)
+        registered = await self._db(self._store.registered_executor_ids)
         found = orphans.find_orphans(input.reply, registered=registered, now=input.now, min_age=input.min_age)
         if found:
             details = orphans.audit_details(found, asked=input.asked, min_age=input.min_age)
-            written = await self._store.call(
+            written = await self._db(
                 self._store.write_audit, org=input.org, app=input.app, operation="orphans.found",
                 status="failure", details=details, event_key=input.event_key)
             if written:

@@ -26,6 +26,7 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
+from activities.database import database_calls
 from activities.orphans import LIFECYCLE_WORKFLOW, RELAY_APP, RELAY_APP_VERSION, RELAY_EXECUTOR_ID, RELAY_ORG
 from core import metrics
 from core.store import Store
@@ -45,6 +46,7 @@ class ReconcileActivities:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self._db = database_calls(store)
 
     @activity.defn(name=Activity.RECONCILE_REGISTRY)
     async def reconcile_registry(self, input: ReconcileInput) -> ReconcileResult:
@@ -52,7 +54,7 @@ class ReconcileActivities:
         # Listed before the registry is read: a row written after the list (a new executor) has its workflow
         # running, and its start is simply refused.
         running = await running_lifecycles(client)
-        rows = await self._store.call(self._store.registry_rows)
+        rows = await self._db(self._store.registry_rows)
         result = ReconcileResult(rows=len(rows))
         started: Counter[ExecutorStatus] = Counter()
         slots = asyncio.Semaphore(START_CONCURRENCY)

@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
-from sqlalchemy.exc import SQLAlchemyError
 from temporalio import activity
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.database import database_calls
 from core import gateways, metrics, units
 from core.errors import NotFoundError
-from core.store import Store, outage, unavailable
+from core.store import Store
 from workflows.contracts.common import (
     Activity,
     Candidate,
@@ -47,12 +45,6 @@ from workflows.contracts.lifecycle import (
 from workflows.contracts.reconcile import GetRegistryRowInput, RegistryRow
 
 log = logging.getLogger("relay.worker")
-P = ParamSpec("P")
-T = TypeVar("T")
-# The failure type of an attempt that found the database away; retried like any failure (never non-retryable).
-DATABASE_UNAVAILABLE = "DatabaseUnavailable"
-# While the database is away, say so in the log at most this often (every workflow's activity retries meanwhile).
-OUTAGE_LOG_EVERY = timedelta(seconds=30)
 
 
 class RegistryActivities:
@@ -60,51 +52,11 @@ class RegistryActivities:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._down_since: float | None = None  # monotonic time of the first failure of the current outage
-        self._reported_at = 0.0
-
-    async def _call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a store call in a thread. A database that is away (``core.store.unavailable``: stopped,
-        restarting, locked) fails this attempt with a short, retryable error: the workflow retries it until the
-        database is back, and each write lands once by its event key, so nothing is lost or doubled.
-
-        BENIGN: the SDK logs such a failure at DEBUG, not a traceback per attempt per workflow; this class logs
-        one line when the outage starts (and every ``OUTAGE_LOG_EVERY`` while it lasts) and one when it ends.
-        """
-        return await self._guarded(self._store.call(fn, *args, **kwargs))
-
-    async def _call_first(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-        """``_call``, ahead of the others waiting for SQLite (``Store.call_first``): what decides a status."""
-        return await self._guarded(self._store.call_first(fn, *args, **kwargs))
-
-    async def _guarded(self, call: Awaitable[T]) -> T:
-        try:
-            result = await call
-        except SQLAlchemyError as err:
-            if not unavailable(err):
-                raise  # a bug, or a duplicate written by an earlier attempt still running: retried all the same
-            self._report_down(err)
-            raise ApplicationError(f"database unavailable: {outage(err)}", type=DATABASE_UNAVAILABLE,
-                                   category=ApplicationErrorCategory.BENIGN) from None
-        if self._down_since is not None:
-            log.warning("database reachable again after %.1f s; retried activities go on",
-                        time.monotonic() - self._down_since)
-            self._down_since = None
-        return result
-
-    def _report_down(self, err: SQLAlchemyError) -> None:
-        now = time.monotonic()
-        if self._down_since is None:
-            self._down_since = now
-        elif now - self._reported_at < OUTAGE_LOG_EVERY.total_seconds():
-            return
-        self._reported_at = now
-        log.warning("database unavailable for %.1f s, database activities retrying: %s", now - self._down_since,
-                    outage(err))
+        self._db = database_calls(store)
 
     @activity.defn(name=Activity.RECORD_STATUS)
     async def record_status(self, input: RecordStatusInput) -> None:
-        written = await self._call_first(
+        written = await self._db.first(
             self._store.record_status,
             org=input.org, app=input.app, executor_id=input.executor_id,
             status=input.status, operation=input.operation, event_key=input.event_key,
@@ -131,14 +83,14 @@ class RegistryActivities:
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
         """The app's grace, read when a grace starts; None when the app no longer exists."""
         try:
-            app = await self._call_first(self._store.get_app, input.org, input.app)
+            app = await self._db.first(self._store.get_app, input.org, input.app)
         except NotFoundError:
             return None
         return app.executor_timeout
 
     @activity.defn(name=Activity.SELECT_CANDIDATE)
     async def select_candidate(self, input: SelectCandidateInput) -> Candidate | None:
-        found = await self._call(
+        found = await self._db(
             self._store.select_candidate,
             org=input.org, app=input.app, app_version=input.app_version, exclude=input.exclude,
             dead_executor_id=input.dead_executor_id,
@@ -151,7 +103,7 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.WRITE_AUDIT)
     async def write_audit(self, input: WriteAuditInput) -> None:
-        written = await self._call(
+        written = await self._db(
             self._store.write_audit,
             org=input.org, app=input.app, executor_id=input.executor_id, operation=input.operation,
             status=input.status, details={**input.details, **units.rest_durations(input.durations)},
@@ -160,13 +112,13 @@ class RegistryActivities:
         if written and input.operation in _RECOVERY_EVENTS:
             dead_since = None
             if input.operation == "executor.recovery.succeeded":  # the record is deleted after this, not before
-                dead_since = await self._call(self._store.dead_since, org=input.org, app=input.app,
+                dead_since = await self._db(self._store.dead_since, org=input.org, app=input.app,
                                               executor_id=input.executor_id)
             _report_recovery(input, dead_since)
 
     @activity.defn(name=Activity.DELETE_EXECUTOR)
     async def delete_executor(self, input: DeleteExecutorInput) -> None:
-        await self._call(
+        await self._db(
             self._store.delete_executor,
             org=input.org, app=input.app, executor_id=input.executor_id, event_key=input.event_key,
             details=input.details,
@@ -180,10 +132,10 @@ class RegistryActivities:
         Each signal carries the connection id the registry recorded: if the executor reconnected elsewhere
         meanwhile, its workflow holds a newer connection and ignores this one as stale.
         """
-        if await self._call(self._store.gateways.mark_gone, input.gateway_queue, gateways.WATCH):
+        if await self._db(self._store.gateways.mark_gone, input.gateway_queue, gateways.WATCH):
             log.warning("gateway %s is gone (%s); disconnecting the executors it held", input.gateway_queue,
                         input.reason)
-        held = await self._call(self._store.executors_on_gateway, input.gateway_queue)
+        held = await self._db(self._store.executors_on_gateway, input.gateway_queue)
         client = activity.client()
         for org, app, executor_id, connection_id in held:
             handle = client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
@@ -198,12 +150,12 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.GATEWAY_GONE)
     async def gateway_gone(self, input: GatewayGoneInput) -> GatewayGoneReply:
-        reason = await self._call_first(self._store.gateways.gone_reason, input.gateway_queue)
+        reason = await self._db.first(self._store.gateways.gone_reason, input.gateway_queue)
         return GatewayGoneReply(gone=reason is not None, reason=reason or "")
 
     @activity.defn(name=Activity.GET_REGISTRY_ROW)
     async def get_registry_row(self, input: GetRegistryRowInput) -> RegistryRow | None:
-        row = await self._call(self._store.registry_row, input.org, input.app, input.executor_id)
+        row = await self._db(self._store.registry_row, input.org, input.app, input.executor_id)
         if row is None:
             return None
         return RegistryRow(row.status, app_version=row.app_version, gateway_queue=row.gateway_queue or "",

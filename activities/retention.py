@@ -15,6 +15,7 @@ from typing import Any
 
 from temporalio import activity
 
+from activities.database import database_calls
 from core import metrics, units, wire
 from core.store import Store
 from workflows.contracts.common import Activity, Candidate
@@ -34,10 +35,11 @@ class RetentionActivities:
 
     def __init__(self, store: Store) -> None:
         self._store = store
+        self._db = database_calls(store)
 
     @activity.defn(name=Activity.LIST_RETENTION_TARGETS)
     async def list_retention_targets(self, input: ListRetentionTargetsInput) -> list[RetentionTarget]:
-        rows = await self._store.call(self._store.list_retention_targets, input.org, input.app)
+        rows = await self._db(self._store.list_retention_targets, input.org, input.app)
         return [
             RetentionTarget(app.org, app.name, gc_time_threshold=app.gc_time_threshold,
                             gc_rows_threshold=app.gc_rows_threshold, global_timeout=app.global_timeout,
@@ -47,7 +49,7 @@ class RetentionActivities:
 
     @activity.defn(name=Activity.SELECT_RETENTION_EXECUTOR)
     async def select_retention_executor(self, input: SelectRetentionExecutorInput) -> Candidate | None:
-        found = await self._store.call(
+        found = await self._db(
             self._store.select_retention_executor, org=input.org, app=input.app, exclude=input.exclude,
             latest=input.latest,
         )
@@ -56,7 +58,7 @@ class RetentionActivities:
     @activity.defn(name=Activity.WRITE_RETENTION_AUDIT)
     async def write_retention_audit(self, input: WriteRetentionAuditInput) -> None:
         outcome = _OUTCOMES.get(input.operation)
-        written = await self._store.call(
+        written = await self._db(
             self._store.write_retention_audit,
             org=input.org, app=input.app, operation=input.operation, event_key=input.event_key,
             status=input.status, executor_id=input.executor_id, details=audit_details(input),
@@ -72,7 +74,7 @@ class RetentionActivities:
         deadline = time.monotonic() + input.budget.total_seconds()
         pruned = batch = 0
         while True:
-            batch = await self._store.call(self._store.prune_audit_batch, before=input.before, limit=input.batch_size)
+            batch = await self._db(self._store.prune_audit_batch, before=input.before, limit=input.batch_size)
             pruned += batch
             metrics.AUDIT_ROWS_PRUNED.inc(batch)
             if batch < input.batch_size or time.monotonic() >= deadline:

@@ -122,6 +122,35 @@ class OncePerKey:
         self._logger.warning(msg, *args)
 
 
+class OncePerWindow:
+    """Relay's one way to throttle a report (a log line, an audit row): ``due(key)`` is True at most once per key
+    per ``window`` and counts the rest in ``suppressed``. For a condition that repeats while it lasts: a database
+    outage every activity meets, a flood of refused sockets, a signal retried for minutes. At most ``keep`` keys
+    are remembered (ids in keys must not grow it without bound). Not thread-safe: one event loop, or a lock."""
+
+    def __init__(self, window: timedelta, *, clock: Callable[[], float] = time.monotonic, keep: int = 10_000) -> None:
+        self.window = window
+        self.suppressed = 0
+        self._clock = clock
+        self._keep = keep
+        self._last: dict[object, float] = {}
+
+    def due(self, key: object = None) -> bool:
+        now = self._clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.window.total_seconds():
+            self.suppressed += 1
+            return False
+        if len(self._last) >= self._keep:
+            self._last = {k: t for k, t in self._last.items() if now - t < self.window.total_seconds()}
+        self._last[key] = now
+        return True
+
+    def forget(self, key: object = None) -> None:
+        """The condition ended: its next occurrence is reported at once."""
+        self._last.pop(key, None)
+
+
 ACTIVITY_LOGGER = "temporalio.activity"  # the SDK's worker logs "Completing activity as failed" here
 
 
@@ -189,7 +218,7 @@ class SdkLogThrottle(logging.Filter):
         self._clock = clock
         self._report_on_timer = report_on_timer
         self._lock = threading.Lock()
-        self._window_start: dict[tuple[str, str], float] = {}
+        self._kinds = OncePerWindow(window, clock=clock, keep=_MAX_KINDS)
         self._suppressed = 0
         self._example = ""
         self._since = 0.0  # when the first of the unreported suppressions happened
@@ -215,10 +244,7 @@ class SdkLogThrottle(logging.Filter):
             kind = (record.name, _DIGITS.sub("#", str(record.msg)))
         now = self._clock()
         with self._lock:
-            started = self._window_start.get(kind)
-            if started is None or now - started >= self.window.total_seconds():
-                self._forget_old(now)
-                self._window_start[kind] = now
+            if self._kinds.due(kind):
                 return True
             if not self._suppressed:
                 self._since, self._example = now, record.getMessage()[:200]
@@ -228,11 +254,6 @@ class SdkLogThrottle(logging.Filter):
                 self._timer.daemon = True  # the atexit hook reports what is pending at exit
                 self._timer.start()
         return False
-
-    def _forget_old(self, now: float) -> None:
-        if len(self._window_start) >= _MAX_KINDS:  # messages with ids in them must not grow this without bound
-            self._window_start = {k: t for k, t in self._window_start.items()
-                                  if now - t < self.window.total_seconds()}
 
     def take_summary(self) -> str | None:
         """The line reporting what was suppressed since the last one (None if nothing was); resets the count."""

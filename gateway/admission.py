@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from core.errors import AuthError, ForbiddenError, RateLimitedError, ServiceUnavailableError
+from core.logs import OncePerWindow
 
 Clock = Callable[[], float]
 
@@ -55,8 +56,15 @@ class Admission:
     _unknown: dict[str, float] = field(default_factory=dict)
     _buckets: dict[str, TokenBucket] = field(default_factory=dict)
     _open: dict[str, int] = field(default_factory=dict)
-    _reported: dict[tuple[str, str], float] = field(default_factory=dict)
-    suppressed: int = 0
+    _reports: OncePerWindow = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._reports = OncePerWindow(REPORT_EVERY, clock=self.clock)
+
+    @property
+    def suppressed(self) -> int:
+        """Reports held back by ``should_report`` so far."""
+        return self._reports.suppressed
 
     def check_origin(self, origin: str | None) -> None:
         """Executors send no Origin; a browser does. A present Origin must be allow-listed."""
@@ -147,12 +155,4 @@ class Admission:
 
     def should_report(self, source: str, reason: str) -> bool:
         """At most one log line and audit row per source and reason per minute; the rest are counted."""
-        now = self.clock()
-        last = self._reported.get((source, reason))
-        if last is not None and now - last < REPORT_EVERY.total_seconds():
-            self.suppressed += 1
-            return False
-        if len(self._reported) > 10_000:
-            self._reported.clear()
-        self._reported[(source, reason)] = now
-        return True
+        return self._reports.due((source, reason))

@@ -14,13 +14,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import AsyncIterator
 from datetime import timedelta
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.errors import AuthError, ForbiddenError
+from core.logs import OncePerWindow
 from core.store import Store, outage
 from gateway.admission import Admission
 from gateway.hub import Connection, Hub
@@ -100,16 +100,14 @@ async def watch(*, store: Store, hub: Hub, admission: Admission | None = None,
     watcher = Watcher(store=store, hub=hub, admission=admission)
 
     async def loop() -> None:
-        last_reported = -math.inf
+        failures = OncePerWindow(DB_FAILURE_REPORT_EVERY, clock=asyncio.get_running_loop().time)
         while True:
             await asyncio.sleep(interval.total_seconds())
             try:
                 await watcher.sweep()
             except SQLAlchemyError as err:  # a locked or unreachable database: try again next round
                 # Twice a second for the whole outage: one short line a minute is enough.
-                now = asyncio.get_running_loop().time()
-                if now - last_reported >= DB_FAILURE_REPORT_EVERY.total_seconds():
-                    last_reported = now
+                if failures.due():
                     log.warning("revocation check failed (database unavailable): %s", outage(err))
             except Exception:  # a bug here must not end the loop: revocation would silently stop working
                 log.exception("revocation check failed")

@@ -26,6 +26,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
 
 from core import gateways, metrics
+from core.logs import OncePerWindow
 from core.settings import Settings
 from core.store import Store
 from gateway.activities import HubActivities
@@ -53,7 +54,8 @@ log = logging.getLogger("relay.gateway")
 SIGNAL_BACKOFF_INITIAL = timedelta(milliseconds=200)
 # Capped low: once Temporal is back, every held-back signal lands within about this long.
 SIGNAL_BACKOFF_MAX = timedelta(seconds=2)
-SIGNAL_FAILURES_LOGGED_EVERY = 30  # a signal failing for minutes logs a line now and then, not every attempt
+# A signal failing for minutes logs its first failure, then a line this often, not every attempt.
+SIGNAL_FAILURE_LOG_EVERY = timedelta(minutes=1)
 # Sockets closed by the fence: 1012 "Service Restart"; every SDK reconnects after any close.
 FENCE_CLOSE_CODE = 1012
 FENCE_CLOSE_REASON = "gateway lost contact with Temporal; reconnect"
@@ -313,6 +315,7 @@ class Gateway:
         executor supersedes it (True: dropped as stale). Never gives up while the gateway lives."""
         delay = SIGNAL_BACKOFF_INITIAL
         failures = 0
+        report = OncePerWindow(SIGNAL_FAILURE_LOG_EVERY)
         while wanted():
             try:
                 await send()
@@ -326,7 +329,7 @@ class Gateway:
                 failures += 1
                 reason = f"{type(err).__name__}: {err}"
             # Out of contact, the contact loop has said so once: each held-back signal stays quiet.
-            if self.contact_state.in_contact and failures % SIGNAL_FAILURES_LOGGED_EVERY == 1:
+            if self.contact_state.in_contact and report.due():
                 log.warning("signal %s failed (attempt %d, retrying): %s", what, failures, reason)
             await asyncio.sleep(delay.total_seconds())
             delay = min(delay * 2, SIGNAL_BACKOFF_MAX)

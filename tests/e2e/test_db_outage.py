@@ -33,7 +33,8 @@ from temporalio.testing import ActivityEnvironment
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from activities.registry import DATABASE_UNAVAILABLE, RegistryActivities
+from activities.database import DATABASE_UNAVAILABLE
+from activities.registry import RegistryActivities
 from core.errors import ConflictError, NotFoundError
 from core.models import make_engine
 from core.store import Store, subject_of
