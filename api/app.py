@@ -80,3 +80,4 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Cl
     app.include_router(unsupported.router)
     app.include_router(docs.router)
     return app
+

@@ -26,7 +26,7 @@ from pydantic import (
 from pydantic.json_schema import SkipJsonSchema
 
 from api.schemas import _JSON_INT, EXTENSION, MAX_JSON_INT, InputBody, _rfc3339, _utc, extended
-from core import units
+from core import nesting, units
 
 UNKNOWN_STATUS = "UNKNOWN"  # an SDK row without a status (never seen; ``status`` is required upstream)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -536,12 +536,19 @@ def _not_null(value: Any) -> Any:
     return value
 
 
+def _shallow(value: Any) -> Any:
+    """Free-form JSON forwarded to an executor is bounded in depth (``core.nesting``): 422, not a frame the SDK's
+    parser or Relay's own serializer gives up on."""
+    nesting.check_depth(value, "attributes")
+    return value
+
+
 # Optional and not nullable, as upstream: left out is None (defaults are not validated), an explicit null is refused.
 NotNull = BeforeValidator(_not_null)
 OptStr = Annotated[str | SkipJsonSchema[None], NotNull]
 OptBool = Annotated[bool | SkipJsonSchema[None], NotNull]
 OptTime = Annotated[BodyTime | SkipJsonSchema[None], NotNull]
-OptAttributes = Annotated[dict[str, Any] | SkipJsonSchema[None], NotNull]
+OptAttributes = Annotated[dict[str, Any] | SkipJsonSchema[None], NotNull, BeforeValidator(_shallow)]
 OptNames = Annotated[list[str] | SkipJsonSchema[None], NotNull]
 BucketMs = Annotated[Annotated[int, Field(gt=0, le=MAX_JSON_INT), _JSON_INT] | SkipJsonSchema[None], NotNull]
 
@@ -555,7 +562,8 @@ class WorkflowFilter(InputBody):
     """The filters ``WorkflowSearchBody`` and ``WorkflowAggregatesBody`` share."""
 
     appVersion: Names = None
-    attributes: OptAttributes = None
+    attributes: OptAttributes = Field(default=None, json_schema_extra=extended(
+        f"at most {nesting.MAX_JSON_DEPTH} levels deep"))
     completedAfter: OptTime = None
     completedBefore: OptTime = None
     dequeuedAfter: OptTime = None
@@ -856,6 +864,12 @@ def filter_list_body(body: BulkFilter, *, limit: int) -> dict[str, Any]:
     """``list_workflows``'s body for a filter: ids only (no inputs or outputs), oldest first."""
     return {**_mapped(body, _FILTER_NAMES), "limit": limit, "offset": 0, "sort_desc": False, "load_input": False,
             "load_output": False}
+
+
+def existence_body(workflow_ids: list[str]) -> dict[str, Any]:
+    """``list_workflows``'s body asking which of ``workflow_ids`` exist: ids only (no inputs or outputs)."""
+    return {"workflow_uuids": workflow_ids, "limit": len(workflow_ids), "offset": 0, "sort_desc": False,
+            "load_input": False, "load_output": False}
 
 
 class BulkResult(BaseModel):

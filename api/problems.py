@@ -25,6 +25,7 @@ from core.store import outage, unavailable
 log = logging.getLogger("relay.gateway")
 # An echoed value longer than this (as JSON) is replaced by a shortened string: errors must stay small.
 MAX_ECHO = 200
+MAX_DETAIL = 500  # a 422's detail: the first invalid field and its message, cut to this many characters
 
 
 class ErrorDetail(BaseModel):
@@ -79,8 +80,11 @@ def install(app: FastAPI) -> None:
         return relay_problem(err)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, err: RequestValidationError) -> JSONResponse:
-        return problem(422, "Unprocessable Entity", "validation failed", _details(err))
+    async def _invalid(request: Request, err: RequestValidationError) -> JSONResponse:
+        if isinstance(err.body, bytes) and err.body:  # not read as JSON: see ``_not_json``
+            return _not_json(request.headers.get("content-type"))
+        details = _details(err)
+        return problem(422, "Unprocessable Entity", _summary(details), details)
 
     @app.exception_handler(HTTPException)
     async def _http(request: Request, err: HTTPException) -> JSONResponse:
@@ -106,6 +110,15 @@ def install(app: FastAPI) -> None:
         return problem(500, "Internal Server Error", "unexpected error; see the gateway log")
 
     app.openapi = _with_problem_schemas(app.openapi)  # type: ignore[method-assign]
+
+
+def _not_json(content_type: str | None) -> JSONResponse:
+    """415 for a body FastAPI did not read as JSON because it came as another media type (``curl -d`` sends
+    ``application/x-www-form-urlencoded``) or with none: FastAPI hands such a body to validation as bytes, which
+    answers 422 "Input should be a valid dictionary" and names no cause. Every body Relay takes is JSON."""
+    sent = f"Content-Type {content_type!r}" if content_type else "no Content-Type"
+    return problem(415, "Unsupported Media Type",
+                   f"the request body must be JSON, sent with Content-Type: application/json ({sent} was sent)")
 
 
 def _with_problem_schemas(generate: Callable[[], dict[str, Any]]) -> Callable[[], dict[str, Any]]:
@@ -167,6 +180,17 @@ def _details(err: RequestValidationError) -> list[dict[str, Any]]:
             seen.add((location, message))
             out.append({"location": location, "message": message, "value": _safe(value)})
     return out
+
+
+def _summary(details: list[dict[str, Any]]) -> str:
+    """The first invalid field and why, as the problem's ``detail``: what a person reads first (the CLI prints it
+    before the ``errors``), so it must say what is wrong, not only that something is."""
+    if not details:
+        return "validation failed"
+    first = details[0]
+    text = f"{first['location']}: {str(first['message']).removeprefix('Value error, ')}"
+    more = f" (and {len(details) - 1} more)" if len(details) > 1 else ""
+    return text[:MAX_DETAIL - len(more)] + more
 
 
 def _allowed_methods(request: Request) -> list[str]:

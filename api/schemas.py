@@ -19,6 +19,8 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -120,7 +122,21 @@ class PutAppInputBody(InputBody):
 # The bounds sit inside each type, before the validator, so the spec states them on the integer branch of
 # ``X | None`` as minimum/maximum.
 ExecutorTimeoutSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_EXECUTOR_TIMEOUT)), _JSON_INT]
-RetentionMs = Annotated[int, Field(gt=0, le=units.timedelta_to_ms(MAX_RETENTION_DURATION)), _JSON_INT]
+
+
+def _a_second_at_least(value: Any, info: ValidationInfo) -> Any:
+    """A threshold under a second is a unit slip (``core.units.MIN_THRESHOLD``): refused, saying what it may have
+    meant. Runs after ``_JSON_INT`` (``7.0`` is 7) and before the strict integer check, whose bound would say less."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        problem = units.threshold_ms_problem(info.field_name or "the threshold", value)
+        if problem is not None:
+            raise ValueError(problem)
+    return value
+
+
+RetentionMs = Annotated[int, Field(ge=units.timedelta_to_ms(units.MIN_THRESHOLD),
+                                   le=units.timedelta_to_ms(MAX_RETENTION_DURATION)),
+                        BeforeValidator(_a_second_at_least), _JSON_INT]
 RowCount = Annotated[int, Field(gt=0, le=MAX_JSON_INT), _JSON_INT]
 _CLEARABLE = extended("null clears the setting (Relay extension; upstream accepts integers only)")
 
@@ -372,14 +388,31 @@ class RecoveryWaiting(BaseModel):
     reason: str = Field(description="`paused` or `paced`")
 
 
+class RecoveryBlocked(BaseModel):
+    """Relay extension: a DEAD executor whose recovery waits for a peer (no HEALTHY, undrained executor of its
+    version): it goes ahead when one connects, or a drain of one ends."""
+
+    model_config = ConfigDict(json_schema_extra=EXTENSION)
+
+    executorId: str
+    appVersion: str
+    diedAt: datetime
+    blockedAt: datetime
+    reason: str
+    drainedPeers: list[str] = Field(description="HEALTHY executors of its version that a drain keeps from recovering "
+                                                "it (`relay drain clear` ends a drain)")
+
+
 class RecoveryStatus(BaseModel):
-    """Relay extension: an app's recovery gate: its pause (null: none was set), breaker and waiting recoveries."""
+    """Relay extension: an app's recovery gate: its pause (null: none was set), breaker and waiting recoveries,
+    and the recoveries blocked for lack of a peer."""
 
     model_config = ConfigDict(json_schema_extra=EXTENSION)
 
     pause: RecoveryPause | None
     breaker: RecoveryBreaker
     waiting: list[RecoveryWaiting]
+    blocked: list[RecoveryBlocked]
 
 
 # -- alerting rules ------------------------------------------------------------------------------------------
@@ -405,6 +438,12 @@ class RuleMetadata(BaseModel):
     queueName: RuleName | None = None
     thresholdSecs: Annotated[float, Field(gt=0, le=alerts.MAX_THRESHOLD.total_seconds())] = \
         alerts.DEFAULT_THRESHOLD.total_seconds()
+
+    @field_serializer("thresholdSecs")
+    def _as_sent(self, value: float) -> int | float:
+        """A whole number of seconds is stored and shown back as one (``120``, not ``120.0``): pydantic makes every
+        number of a ``float`` field a float."""
+        return int(value) if value.is_integer() else value
 
     @model_validator(mode="before")
     @classmethod
@@ -432,11 +471,14 @@ class CreateAlertInputBody(InputBody):
 
 
 class AlertingRule(BaseModel):
-    """Upstream ``AlertingRule``: ``appId`` and ``receivingAppId`` are the apps' ids (``Application.id``)."""
+    """Upstream ``AlertingRule``: ``appId`` and ``receivingAppId`` are the apps' ids (``Application.id``);
+    ``receivingAppName`` (Relay extension) is the receiving app by name, as ``CreateAlertInputBody`` takes it."""
 
     id: str
     appId: str
     receivingAppId: str
+    receivingAppName: str = Field(description="the app that receives the rule's alerts, by name",
+                                  json_schema_extra=EXTENSION)
     ruleType: RuleTypeName
     ruleMetadata: Any
     minIntervalSecs: int | None
@@ -445,6 +487,7 @@ class AlertingRule(BaseModel):
     @classmethod
     def of(cls, rule: models.AlertingRule) -> AlertingRule:
         return cls(id=rule.id, appId=rule.app_id, receivingAppId=rule.receiving_app_id,
-                   ruleType=RuleType(rule.rule_type).value, ruleMetadata=rule.rule_metadata,
+                   receivingAppName=rule.receiving_app, ruleType=RuleType(rule.rule_type).value,
+                   ruleMetadata=rule.rule_metadata,
                    minIntervalSecs=None if rule.min_interval is None else units.timedelta_to_seconds(rule.min_interval),
                    lastFiredAt=rule.last_fired_at)

@@ -21,25 +21,36 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote
 
 import httpx
+import sqlalchemy as sa
 
 from cli import tables
-from cli.tables import DURATION_UNITS, Json
-from core import units
+from cli.tables import DURATION_UNITS, Json, format_duration
+from core import migrations, units
 from core.errors import RelayError
-from core.models import make_engine, utcnow
+from core.models import engine_url, make_engine, utcnow
 from core.names import DEFAULT_ORG
 from core.settings import Settings
-from core.store import Store
+from core.store import SYSTEM_SUBJECT, Store
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 # Audit rows are stamped by their writer (gateway or worker) before they commit, so one may appear after a
 # later-stamped one was already read: --follow re-reads this far back and skips the ids it has printed.
 FOLLOW_OVERLAP = timedelta(seconds=30)
 AUDIT_PAGE = 100
+# A retention threshold or global timeout this short deletes (cancels) most of an app's workflows at the next round:
+# the CLI asks before it sends one (--yes: do not ask). Under a second the REST API refuses it outright.
+CONFIRM_BELOW = timedelta(hours=1)
+# (args dest, flag, what the setting then does) of the settings that destroy data when too short.
+_CONFIRMED = [
+    ("gc_time_threshold", "gc-time-threshold", "finished workflows that completed more than {} ago are deleted"),
+    ("global_timeout", "global-timeout",
+     "PENDING, ENQUEUED and DELAYED workflows created more than {} ago are cancelled"),
+]
 Handler = Callable[[argparse.Namespace, Settings], None]
 
 # -- parsing ---------------------------------------------------------------------------------------------------
@@ -116,6 +127,24 @@ def settings_body(args: argparse.Namespace) -> dict[str, Json]:
     if "private_mode" in given:
         body["privateMode"] = args.private_mode
     return body
+
+
+def confirm_short_thresholds(args: argparse.Namespace) -> None:
+    """Ask before sending a retention threshold or global timeout under ``CONFIRM_BELOW`` (and at least the REST
+    API's one second: below that it refuses with a hint, so there is nothing to confirm). ``--yes`` skips the
+    question; without a terminal to ask on, such a value is refused unless ``--yes`` is given."""
+    given = vars(args)
+    short = [(flag, what.format(format_duration(value)), value) for dest, flag, what in _CONFIRMED
+             if isinstance(value := given.get(dest), timedelta) and units.MIN_THRESHOLD <= value < CONFIRM_BELOW]
+    if not short or getattr(args, "yes", False):
+        return
+    said = "; ".join(f"--{flag} {format_duration(value)} is under {format_duration(CONFIRM_BELOW)}: at the next "
+                     f"retention round {what}" for flag, what, value in short)
+    if sys.stdin is None or not sys.stdin.isatty():
+        fail(f"{said}. Nothing was changed: pass --yes to confirm (there is no terminal to ask on)")
+    print(f"{said}.\nContinue? [y/N] ", end="", file=sys.stderr, flush=True)  # stdout stays the command's output
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        fail("nothing was changed")
 
 
 # -- the REST client -------------------------------------------------------------------------------------------
@@ -213,6 +242,7 @@ def _apps_register(args: argparse.Namespace, settings: Settings) -> None:
     if existed and body:
         fail(f"application {args.name!r} is already registered; registering it again changes only --private-mode, "
              f"so nothing was changed: use `relay apps update {args.name}` to change its settings")
+    confirm_short_thresholds(args)
     api.call("PUT", path, body=private)
     if body:
         api.call("PATCH", path, body=body)
@@ -225,6 +255,7 @@ def _apps_register(args: argparse.Namespace, settings: Settings) -> None:
 def _apps_update(args: argparse.Namespace, settings: Settings) -> None:
     if not (body := settings_body(args)):
         fail("nothing to change: give at least one setting (see relay apps update --help)")
+    confirm_short_thresholds(args)
     api, path = _api(args, settings), "/apps" + _name(args.name)
     api.call("PATCH", path, body=body)
     _emit(args, api.call("GET", path), tables.app_card)
@@ -327,9 +358,57 @@ def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
 # -- the local database, for bootstrapping (no API key yet) ---------------------------------------------------
 
 
-def _local_store(settings: Settings) -> Store:
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+def database_shown(url: str) -> str:
+    """Where a database is, for a person: a SQLite file's absolute path, any other URL without its password."""
+    parsed = sa.make_url(engine_url(url))
+    if parsed.get_backend_name() == "sqlite":
+        return str(Path(parsed.database).resolve()) if parsed.database else "an in-memory SQLite database"
+    return parsed.render_as_string(hide_password=True)
+
+
+def database_exists(url: str) -> bool:
+    """Whether ``url`` holds a database already (a schema revision, or tables from before migrations), found without
+    creating anything: connecting to a SQLite file that is not there would create it."""
+    parsed = sa.make_url(engine_url(url))
+    if parsed.get_backend_name() == "sqlite" and not (parsed.database and Path(parsed.database).is_file()):
+        return False
+    engine = sa.create_engine(parsed)
+    try:
+        with engine.connect() as conn:
+            return bool(migrations.current(conn) or sa.inspect(conn).get_table_names())
+    finally:
+        engine.dispose()
+
+
+def _local_store(settings: Settings, *, init: bool = False) -> Store:
+    """The local database (RELAY_DATA_DIR's, or RELAY_DATABASE_URL). One that does not exist yet is created only
+    with ``init``: run from the wrong directory, the CLI would otherwise make a new, empty database there and work on
+    it, and a key written to it is unknown to every Relay."""
+    if not database_exists(settings.db_url):
+        if not init:
+            fail(f"no Relay database at {database_shown(settings.db_url)}, so nothing was done: run this where Relay "
+                 "runs, or set RELAY_DATA_DIR or RELAY_DATABASE_URL to Relay's database (or call the REST API with "
+                 "an API key); `relay keys create --init` creates a new database there")
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
     return Store(make_engine(settings.db_url))
+
+
+def keys_create_local(args: argparse.Namespace, settings: Settings) -> None:
+    """``relay keys create`` with no API key: the key is made as ``createToken`` makes it (names unique among live
+    tokens, audited), straight in the local database, which must exist unless ``--init``. The key goes to stdout,
+    which database it was written to to stderr."""
+    init = bool(getattr(args, "init", False))
+    store = _local_store(settings, init=init)
+    try:
+        key = store.create_token(org=args.org, name=args.name, apps=args.app or None, subject=SYSTEM_SUBJECT,
+                                 source_ip="")
+    except RelayError as err:
+        fail(err.detail)
+    finally:
+        store.engine.dispose()
+    print(key, flush=True)
+    print(f"relay: key {args.name!r} of org {args.org!r} written to the database at "
+          f"{database_shown(settings.db_url)}", file=sys.stderr, flush=True)
 
 
 def _local_tokens(settings: Settings, org: str) -> list[dict[str, Json]]:
@@ -363,6 +442,41 @@ def _client_options(p: argparse.ArgumentParser, *, org: bool = True) -> None:
     p.add_argument("--output", "-o", choices=("table", "json"), default="table")
 
 
+# A parser's default under this name is a check of what it parsed, run by ``cli.main.RelayParser`` right after it
+# parsed: it may complete the namespace, and returns what is wrong (the parser's usage error), or None.
+AFTER_PARSE = "after_parse"
+
+
+def app_argument(p: argparse.ArgumentParser, *positional: str, variadic: str | None = None,
+                 help: str = "the application") -> None:
+    """The application a command is about, as ``--app NAME`` or as its first argument (``relay executors list
+    orders``, ``relay workflows get orders <id>``), then the command's own ``positional`` arguments; or, for a
+    command taking a list (``variadic``: ``relay workflows cancel [APP] ID...``), the list, whose first item is the
+    application when --app is not given."""
+    p.add_argument("--app", "-a", help=f"{help} (or give it as the first argument)")
+    if variadic is None:
+        p.add_argument("app_arg", nargs="?", metavar="APP", help=f"{help}, if not given as --app")
+        for arg in positional:
+            p.add_argument(arg)
+    else:
+        p.add_argument(variadic, nargs="+", metavar=variadic.removesuffix("s"),
+                       help="one or more; without --app, the application comes first")
+    p.set_defaults(**{AFTER_PARSE: lambda args: _take_app(args, variadic)})
+
+
+def _take_app(args: argparse.Namespace, variadic: str | None) -> str | None:
+    given = getattr(args, "app_arg", None)
+    if variadic is not None and args.app is None:
+        given, rest = getattr(args, variadic)[0], getattr(args, variadic)[1:]
+        if not rest:
+            return f"give the application and at least one {variadic.removesuffix('s')}, or --app"
+        setattr(args, variadic, rest)
+    if given is not None and args.app is not None and given != args.app:
+        return f"the application is given twice: {given!r} and --app {args.app!r}"
+    args.app = args.app or given
+    return None if args.app else "the application is missing: give it as the first argument or as --app"
+
+
 def _setting_options(p: argparse.ArgumentParser) -> None:
     """dbos-ctl's flags in REST units, or the same setting as a duration; ``none`` clears a retention one."""
     def pair(flag: str, unit: str, meaning: str) -> None:
@@ -380,6 +494,9 @@ def _setting_options(p: argparse.ArgumentParser) -> None:
                    help="keep at most this many workflows (none: no limit)")
     pair("global-timeout", "ms", "cancel workflows older than this (none: never)")
     p.add_argument("--private-mode", action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+    p.add_argument("--yes", "-y", action="store_true",
+                   help=f"do not ask before setting a retention threshold or global timeout under "
+                        f"{format_duration(CONFIRM_BELOW)}")
 
 
 def add_commands(sub: Any, keys: Any) -> None:
@@ -403,8 +520,8 @@ def add_commands(sub: Any, keys: Any) -> None:
     _setting_options(command(apps, "update", _apps_update, "change an application's settings", "name"))
     command(apps, "delete", _apps_delete, "delete an application", "name")
     executors = sub.add_parser("executors", help="executors")
-    command(executors.add_subparsers(dest="executors_command", required=True), "list", _executors_list,
-            "list an application's executors", "app")
+    app_argument(command(executors.add_subparsers(dest="executors_command", required=True), "list", _executors_list,
+                         "list an application's executors"))
 
     audit = command(sub, "audit", _audit, "the audit log, oldest first; --follow prints new entries until Ctrl-C")
     audit.add_argument("--follow", "-f", action="store_true")
@@ -419,8 +536,11 @@ def add_commands(sub: Any, keys: Any) -> None:
 
     create = keys.choices["create"]
     create.set_defaults(admin=_keys_create)
-    create.epilog = "With an API key this calls createToken; with none, it writes to the local database."
+    create.epilog = ("With an API key this calls createToken; with none, it writes to the local database "
+                     "(RELAY_DATA_DIR's, or RELAY_DATABASE_URL), which must exist unless --init.")
     _client_options(create, org=False)
+    create.add_argument("--init", action="store_true",
+                        help="with no API key: create the local database if there is none yet (else refused)")
     command(keys, "list", _keys_list, "list keys (never their secrets)")
     command(keys, "revoke", _keys_revoke, "revoke a key by name", "name")
 

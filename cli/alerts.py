@@ -12,8 +12,8 @@ import argparse
 import json
 from typing import Any
 
-from cli.admin import _api, _client_options, _emit, _name, parse_duration
-from cli.tables import Json, table
+from cli.admin import _api, _client_options, _emit, _name, app_argument, parse_duration
+from cli.tables import Json, format_duration, table, utc_time
 from core import units
 from core.settings import Settings
 from workflows.contracts.alerts import RuleType
@@ -37,10 +37,13 @@ def _metadata(text: str) -> Json:
 
 
 def rules_table(rules: list[dict[str, Json]]) -> str:
-    return table(["ID", "TYPE", "METADATA", "MIN INTERVAL", "RECEIVING APP ID", "LAST FIRED"],
-                 [[r["id"], r["ruleType"], json.dumps(r["ruleMetadata"]),
-                   "-" if r["minIntervalSecs"] is None else f"{r['minIntervalSecs']}s", r["receivingAppId"],
-                   r["lastFiredAt"] or "never"] for r in rules])
+    def interval(secs: int | None) -> str:
+        return "-" if secs is None else format_duration(units.seconds_to_timedelta(secs))
+
+    return table(["ID", "TYPE", "METADATA", "MIN INTERVAL", "RECEIVING APP", "LAST FIRED"],
+                 [[r["id"], r["ruleType"], json.dumps(r["ruleMetadata"]), interval(r["minIntervalSecs"]),
+                   r.get("receivingAppName") or r["receivingAppId"],
+                   utc_time(r["lastFiredAt"]) if r["lastFiredAt"] else "never"] for r in rules])
 
 
 def _path(args: argparse.Namespace) -> str:
@@ -67,11 +70,11 @@ def _delete(args: argparse.Namespace, settings: Settings) -> None:
         print(f"deleted rule {args.rule_id}", flush=True)
 
 
-def _command(group: Any, name: str, handler: Any, help: str) -> argparse.ArgumentParser:
+def _command(group: Any, name: str, handler: Any, help: str, *positional: str) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = group.add_parser(name, help=help)
     p.set_defaults(admin=handler)
     _client_options(p)
-    p.add_argument("--app", "-a", required=True, help="the application")
+    app_argument(p, *positional)
     return p
 
 
@@ -87,5 +90,4 @@ def add_commands(sub: Any) -> None:
     create.add_argument("--min-interval", type=_min_interval, metavar="DURATION",
                         help="fire at most once per this long: 90s, 15m, 1h (default: no minimum)")
     create.add_argument("--receiving-app", help="the application that receives the alerts (default: --app)")
-    delete = _command(group, "delete", _delete, "delete an alerting rule")
-    delete.add_argument("rule_id")
+    _command(group, "delete", _delete, "delete an alerting rule", "rule_id")

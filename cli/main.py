@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import difflib
 import logging
 import os
-import sys
+import re
 from collections.abc import Sequence
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -17,32 +19,50 @@ from cli import migrate as migrate_cli
 from cli import safety as safety_cli
 from cli import temporal_setup as temporal_setup_cli
 from cli import workflows as workflows_cli
-from core.errors import RelayError, SchemaVersionError
+from core.errors import SchemaVersionError
 from core.logs import configure as configure_logging
 from core.logs import install_redaction
 from core.models import make_engine
 from core.names import DEFAULT_ORG
 from core.settings import Settings
-from core.store import SYSTEM_SUBJECT, Store
 
 log = logging.getLogger("relay")
 
 
-def _keys_create(settings: Settings, args: argparse.Namespace) -> None:
-    """As ``createToken`` does it (names unique among live tokens, audited), straight in the local database."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(make_engine(settings.db_url))
-    try:
-        print(store.create_token(org=args.org, name=args.name, apps=args.app or None, subject=SYSTEM_SUBJECT,
-                                 source_ip=""))
-    except RelayError as err:
-        sys.exit(f"error: {err.detail}")
-    finally:
-        store.engine.dispose()
+class RelayParser(argparse.ArgumentParser):
+    """argparse, and every subcommand's parser (``add_parser`` makes them of this class), with two additions: a
+    mistyped subcommand, choice or option is answered with the closest valid one ("did you mean"), from the parser
+    of the command it was typed for; and a command's check of what it parsed (``cli.admin.AFTER_PARSE``) runs."""
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras:  # said here, by the innermost parser that saw them: it knows the options they were meant as
+            self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest(extras)}")
+        check = self.get_default(admin_cli.AFTER_PARSE)
+        if check is not None and (problem := check(parsed)):
+            self.error(problem)
+        return parsed, extras
+
+    def error(self, message: str) -> NoReturn:
+        choice = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)$", message)
+        if choice is not None:
+            offered = [c.strip("'\" ") for c in choice.group(2).split(",")]
+            message += _did_you_mean(choice.group(1), offered)
+        super().error(message)
+
+    def _suggest(self, extras: list[str]) -> str:
+        options = [o for action in self._actions for o in action.option_strings]
+        return "".join(_did_you_mean(extra.split("=", 1)[0], options) for extra in extras if extra.startswith("-"))
+
+
+def _did_you_mean(typed: str, offered: list[str]) -> str:
+    close = difflib.get_close_matches(typed, offered, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="relay", description="Self-hosted control plane for DBOS executors.")
+    p = RelayParser(prog="relay", description="Self-hosted control plane for DBOS executors.")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("dev", help="embedded Temporal dev server + worker + gateway, in one process tree")
     sub.add_parser("gateway", help="executor WebSocket and REST API (RELAY_TEMPORAL_ADDRESS)")
@@ -82,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         return
     try:
         if args.command == "keys" and args.keys_command == "create" and not admin_cli.api_key(args, settings):
-            _keys_create(settings, args)  # no key to call the API with: bootstrap one in the local database
+            admin_cli.keys_create_local(args, settings)  # no key to call the API with: the local database
         else:
             admin_cli.run(args, settings)
     except SchemaVersionError as err:  # the local database, opened by a CLI command

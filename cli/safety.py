@@ -48,7 +48,7 @@ def drains_table(drains: list[dict[str, Json]], now: datetime) -> str:
                   for d in drains])
 
 
-def status_card(status: dict[str, Json], now: datetime) -> str:
+def status_card(status: dict[str, Json], now: datetime, *, app: str = "<app>") -> str:
     pause, breaker = status["pause"], status["breaker"]
     lines = []
     if pause is None or not pause["active"]:
@@ -67,6 +67,16 @@ def status_card(status: dict[str, Json], now: datetime) -> str:
                            [[w["executorId"], _until(w["diedAt"], now),
                              _until(w["slotAt"], now) if w["slotAt"] else "-", w["reason"] or "-"]
                             for w in waiting]))
+    blocked = status.get("blocked") or []
+    lines.append(f"blocked:  {len(blocked)}" + (" (DEAD, waiting for a HEALTHY, undrained executor of their "
+                                                "version)" if blocked else ""))
+    if blocked:
+        lines.append(table(["EXECUTOR ID", "VERSION", "DIED", "BLOCKED", "DRAINED PEERS"],
+                           [[b["executorId"], b["appVersion"], _until(b["diedAt"], now), _until(b["blockedAt"], now),
+                             b["drainedPeers"]] for b in blocked]))
+        drained = sorted({p for b in blocked for p in b["drainedPeers"]})
+        if drained:
+            lines.append(f"a drained peer could recover them: relay drain clear {drained[0]} --app {app}")
     return "\n".join(lines)
 
 
@@ -103,7 +113,8 @@ def _resume(args: argparse.Namespace, settings: Settings) -> None:
 
 def _status(args: argparse.Namespace, settings: Settings) -> None:
     now = utcnow()
-    _emit(args, _api(args, settings).call("GET", f"{_app(args)}/recovery"), lambda s: status_card(s, now))
+    _emit(args, _api(args, settings).call("GET", f"{_app(args)}/recovery"),
+          lambda s: status_card(s, now, app=args.app))
 
 
 def _command(group: Any, name: str, handler: Any, help: str, *positional: str) -> argparse.ArgumentParser:

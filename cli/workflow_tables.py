@@ -1,5 +1,5 @@
 """How ``relay workflows|queues|schedules|versions`` show API objects to a person: aligned tables, a card per
-object, and instants as ``2026-11-30 21:40:05Z (3m ago)``.
+object, and instants as ``2026-11-30 21:40:05.123Z (3m ago)`` (to the millisecond, as in every table).
 
 Input is the decoded JSON of the REST API (upstream Conductor's ``Workflow``, ``Step``, ``Queue``, ``Schedule`` and
 ``ApplicationVersion``); durations come back from seconds and milliseconds through ``core.units`` only. Every
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from cli import tables
@@ -37,11 +37,10 @@ def age(value: Json, now: datetime) -> str:
 
 
 def human_time(value: Json, now: datetime) -> str:
-    """``2026-11-30 21:40:05Z (3m ago)``: the instant in UTC with its zone, then its age."""
-    when = instant(value)
-    if when is None:
+    """``2026-11-30 21:40:05.123Z (3m ago)``: the instant in UTC with its zone (``tables.utc_time``), then its age."""
+    if instant(value) is None:
         return "-" if value is None else str(value)
-    return f"{when.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%S')}Z ({age(value, now)})"
+    return f"{tables.utc_time(value)} ({age(value, now)})"
 
 
 def clip(value: Json, width: int = CELL_WIDTH) -> Json:

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from cli import workflow_tables as show
-from cli.admin import Handler, _api, _client_options, _emit, _instant, _iso, _name, fail
+from cli.admin import Handler, _api, _client_options, _emit, _instant, _iso, _name, app_argument, fail
 from cli.tables import Json
 from core.models import utcnow
 from core.settings import Settings
@@ -190,14 +190,18 @@ def _group(sub: Any, name: str, help: str) -> Any:
     return sub.add_parser(name, help=help).add_subparsers(dest=f"{name}_command", required=True)
 
 
-def _command(group: Any, name: str, handler: Handler, help: str, *positional: str) -> argparse.ArgumentParser:
+def _command(group: Any, name: str, handler: Handler, help: str, *positional: str,
+             variadic: str | None = None) -> argparse.ArgumentParser:
     p: argparse.ArgumentParser = group.add_parser(name, help=help)
     p.set_defaults(admin=handler)
     _client_options(p)
-    p.add_argument("--app", "-a", required=True, help="the application (dbos-ctl's --application-name)")
-    for arg in positional:
-        p.add_argument(arg)
+    app_argument(p, *positional, variadic=variadic, help="the application (dbos-ctl's --application-name)")
     return p
+
+
+def _statuses(text: str) -> str:
+    """Workflow and schedule statuses are upper case in the API (``SUCCESS``, ``PAUSED``): any case is taken."""
+    return text.strip().upper()
 
 
 def _page(p: argparse.ArgumentParser, *, limit: int | None = None) -> None:
@@ -210,8 +214,8 @@ def _workflow_commands(sub: Any) -> None:
     group = _group(sub, "workflows", "an application's workflows, through its executors")
     ls = _command(group, "list", _workflows_list, "list workflows, oldest first unless --sort-desc")
     _page(ls, limit=LIST_DEFAULT_LIMIT)
-    ls.add_argument("--status", "-S", action="append", help="PENDING, ENQUEUED, SUCCESS, ERROR, CANCELLED, ... "
-                                                            "(repeatable)")
+    ls.add_argument("--status", "-S", action="append", type=_statuses,
+                    help="PENDING, ENQUEUED, SUCCESS, ERROR, CANCELLED, ..., in any case (repeatable)")
     ls.add_argument("--name", "-n", action="append", help="workflow name (repeatable)")
     ls.add_argument("--user", "-u", action="append", help="run by this user (repeatable)")
     ls.add_argument("--start-time", "-t", type=_instant, help="created at or after: ISO 8601, or 1h for an hour ago")
@@ -228,14 +232,14 @@ def _workflow_commands(sub: Any) -> None:
 
     _command(group, "get", _workflows_get, "show one workflow", "workflow_id")
     _page(_command(group, "steps", _workflows_steps, "list a workflow's steps", "workflow_id"))
-    cancel = _command(group, "cancel", _workflows_cancel, "cancel workflows (several ids: one bulk request)")
-    cancel.add_argument("workflow_ids", nargs="+", metavar="workflow_id")
+    cancel = _command(group, "cancel", _workflows_cancel, "cancel workflows (several ids: one bulk request)",
+                      variadic="workflow_ids")
     cancel.add_argument("--cancel-children", action="store_true", help="cancel their child workflows too")
-    resume = _command(group, "resume", _workflows_resume, "resume workflows (several ids: one bulk request)")
-    resume.add_argument("workflow_ids", nargs="+", metavar="workflow_id")
+    resume = _command(group, "resume", _workflows_resume, "resume workflows (several ids: one bulk request)",
+                      variadic="workflow_ids")
     resume.add_argument("--queue-name", "-q", help="enqueue them on this queue")
-    delete = _command(group, "delete", _workflows_delete, "delete workflows (several ids: one bulk request)")
-    delete.add_argument("workflow_ids", nargs="+", metavar="workflow_id")
+    delete = _command(group, "delete", _workflows_delete, "delete workflows (several ids: one bulk request)",
+                      variadic="workflow_ids")
     delete.add_argument("--delete-children", action="store_true", help="delete their child workflows too")
     fork = _command(group, "fork", _workflows_fork, "run a workflow again under a new id, from a step",
                     "workflow_id")
@@ -256,7 +260,7 @@ def add_commands(sub: Any) -> None:
 
     schedules = _group(sub, "schedules", "an application's workflow schedules")
     ls = _command(schedules, "list", _schedules_list, "list schedules")
-    ls.add_argument("--status", "-S", help="ACTIVE or PAUSED")
+    ls.add_argument("--status", "-S", type=_statuses, help="ACTIVE or PAUSED, in any case")
     ls.add_argument("--name", "-n", help="of this workflow")
     ls.add_argument("--schedule-name-prefix", help="whose name starts with this")
     ls.add_argument("--load-context", action="store_true", help="include each schedule's context")

@@ -47,7 +47,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from core import units
+from core import nesting, units, wire
 from workflows.contracts.alerts import OwnEvents, RuleState, RuleType
 
 
@@ -71,10 +71,10 @@ DEFAULT_THRESHOLD = timedelta(seconds=60)
 WINDOW_LAG = timedelta(seconds=2)
 MAX_THRESHOLD = timedelta(days=365)
 MAX_NAME = 1000  # a workflow or queue name in ruleMetadata
-# ruleMetadata as stored: objects and arrays nested at most this deep, at most this long as compact JSON. Far below
-# pydantic's serializer's own depth limit (a rule 300 deep failed every round), and small beside Temporal's 2 MB
-# payload, which one round's rules of every org share.
-MAX_METADATA_DEPTH = 32
+# ruleMetadata as stored: objects and arrays nested at most as deep as any JSON Relay keeps (``core.nesting``: a rule
+# 300 deep failed every round), at most this long as compact JSON, small beside Temporal's 2 MB payload, which one
+# round's rules of every org share.
+MAX_METADATA_DEPTH = nesting.MAX_JSON_DEPTH
 MAX_METADATA_BYTES = 8 * 1024
 
 
@@ -108,16 +108,7 @@ def parse_metadata(rule_type: RuleType, metadata: Any) -> RuleParams:
 def check_metadata_bounds(metadata: Any) -> None:
     """``ValueError`` (saying which bound) for ruleMetadata nested deeper than ``MAX_METADATA_DEPTH`` or larger
     than ``MAX_METADATA_BYTES`` as compact JSON. The depth is measured without recursion, so any value can be asked."""
-    level: list[Any] = [metadata]
-    depth = 0
-    while level:
-        containers = [v for v in level if isinstance(v, dict | list)]
-        if not containers:
-            break
-        depth += 1
-        if depth > MAX_METADATA_DEPTH:
-            raise ValueError(f"ruleMetadata is nested deeper than {MAX_METADATA_DEPTH} levels")
-        level = [item for c in containers for item in (c.values() if isinstance(c, dict) else c)]
+    nesting.check_depth(metadata, "ruleMetadata", limit=MAX_METADATA_DEPTH)
     size = len(json.dumps(metadata, separators=(",", ":"), ensure_ascii=False).encode())
     if size > MAX_METADATA_BYTES:
         raise ValueError(f"ruleMetadata is {size} bytes as JSON, more than {MAX_METADATA_BYTES}")
@@ -265,7 +256,7 @@ def observe(rule_type: RuleType, reply: dict[str, Any] | None, failure: str | No
         return Observation(failed=failure)
     body = reply or {}
     if body.get("error_message"):
-        return Observation(failed=f"get_workflow_aggregates failed: {str(body['error_message'])[:300]}")
+        return Observation(failed=f"get_workflow_aggregates failed: {wire.error_summary(str(body['error_message']))}")
     rows = [r for r in body.get("output") or [] if isinstance(r, dict)]
     if rule_type is RuleType.WORKFLOW_FAILURE:
         seen = Observation()

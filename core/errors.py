@@ -7,7 +7,9 @@ mapping lives here and nowhere else::
     ├── NotFoundError               404          unknown org, app or executor
     ├── ConflictError               409
     ├── ProtocolError                     1002   an executor reply that breaks the protocol
-    │   └── IdentityError                 1008   an executor identity Temporal would refuse: permanent
+    │   ├── IdentityError                 1008   an executor identity Temporal would refuse: permanent
+    │   └── NestingError                  1002   a frame nested too deep to parse (at the handshake: an
+    │                                            IdentityError, permanent)
     ├── ExecutorUnavailableError    503          no socket for that executor here, or it closed
     │   └── NoExecutorError         503          no HEALTHY executor can take an operator's request
     ├── ExecutorTimeoutError        502          the executor did not answer in time
@@ -77,6 +79,12 @@ class IdentityError(ProtocolError):
     def __init__(self, detail: str, *, field: str) -> None:
         super().__init__(detail)
         self.field = field
+
+
+class NestingError(ProtocolError):
+    """A frame nested deeper than Python's JSON parser goes (it recurses, and gives up near a thousand levels). Any
+    other malformed reply costs only the request it answers; the ``executor_info`` reply is refused for good
+    (``gateway.identity.nested_too_deep``): the SDK would send the same frame again every second."""
 
 
 class ExecutorUnavailableError(RelayError):

@@ -23,13 +23,18 @@ every status of every registered app, zero included. The worker process exports 
 several workers, aggregate it with ``max``, not ``sum``.
 
 Labels are bounded: an org, an app, a status or a reason out of a fixed set; never an executor id, a request id
-or a key. Counters are incremented once per event: the activities count a row only when their attempt wrote it
-(see ``activities.registry``).
+or a key. No ``<name>_created`` series (prometheus-client's creation timestamp of each counter, histogram and label
+set): nothing reads them, and they would add a series per label set. Counters are incremented once per event: the
+activities count a row only when their attempt wrote it (see ``activities.registry``).
 
-``serving`` starts the listener, on ``RELAY_METRICS_HOST:RELAY_METRICS_PORT``. A port that cannot be bound is
-logged and skipped: recovery never stops because of metrics. Given a ``Readiness``, it serves ``/healthz`` and
-``/readyz`` too: the worker's probes, as it has no other HTTP port. The Temporal SDK's metrics come from its own
-exporter (``core.temporal.install_sdk_runtime``), on a port of their own (RELAY_TEMPORAL_METRICS_PORT).
+``serving`` starts the listener, on ``RELAY_METRICS_HOST:RELAY_METRICS_PORT``: every org's numbers, no key. A port
+that cannot be bound is logged and skipped: recovery never stops because of metrics. Given a ``Readiness``, it
+serves ``/healthz`` and ``/readyz`` too: the worker's probes, as it has no other HTTP port. The Temporal SDK's
+metrics come from its own exporter (``core.temporal.install_sdk_runtime``), on a port of their own
+(RELAY_TEMPORAL_METRICS_PORT).
+
+``scoped_exposition`` is what the REST API's bearer-authenticated ``GET /metrics`` serves: the same metric names,
+with every sample labelled for another org, or for an app the key is not allowed for, left out.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from prometheus_client import (
     Histogram,
     PlatformCollector,
     ProcessCollector,
+    disable_created_metrics,
+    generate_latest,
     make_wsgi_app,
 )
 from prometheus_client.exposition import ThreadingWSGIServer
@@ -67,6 +74,7 @@ from workflows.contracts.common import ExecutorStatus
 
 log = logging.getLogger("relay.metrics")
 
+disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus-client's switch for the whole process: no ``_created`` series (see above)
 REGISTRY = CollectorRegistry(auto_describe=True)
 ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
@@ -126,17 +134,17 @@ def refusal_reason(status: int) -> str:
 
 
 class ExecutorsCollector(Collector):
-    """``relay_executors{org,app,status}``, counted in the registry database at each scrape."""
+    """``relay_executors{org,app,status}``, counted in the registry database at each scrape (of one org, or all)."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, engine: Engine, org: str | None = None) -> None:
+        self._engine, self._org = engine, org
 
     def describe(self) -> Iterable[Metric]:
         return [GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=["org", "app", "status"])]
 
     def collect(self) -> Iterable[Metric]:
         try:
-            counts = executor_counts(self._engine)
+            counts = executor_counts(self._engine, self._org)
         except SQLAlchemyError as err:  # the database is away: no number rather than a wrong one
             log.warning("relay_executors not collected: the database is unavailable: %s", type(err).__name__)
             return []
@@ -176,13 +184,43 @@ class _Forward(Collector):
         return self._registry.collect()
 
 
-def registry_with(engine: Engine | None) -> CollectorRegistry:
-    """What a listener serves: ``REGISTRY``, plus ``relay_executors`` from ``engine`` when given."""
+def registry_with(engine: Engine | None, *, org: str | None = None) -> CollectorRegistry:
+    """What a listener serves: ``REGISTRY``, plus ``relay_executors`` from ``engine`` when given (of ``org``, or of
+    every org)."""
     served = CollectorRegistry(auto_describe=False)
     served.register(_Forward(REGISTRY))
     if engine is not None:
-        served.register(ExecutorsCollector(engine))
+        served.register(ExecutorsCollector(engine, org))
     return served
+
+
+class _Scoped(Collector):
+    """Another registry's metrics, each family kept (so its name is served) with only the samples a key may see:
+    none labelled for another org, or for an app it is not allowed for. Samples with no org label (the process's
+    own: sockets, handshakes, CPU) are kept."""
+
+    def __init__(self, registry: CollectorRegistry, *, org: str, allows: Callable[[str], bool]) -> None:
+        self._registry, self._org, self._allows = registry, org, allows
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            scoped = Metric(family.name, family.documentation, family.type, family.unit)
+            scoped.samples = [s for s in family.samples if self._visible(s.labels)]
+            yield scoped
+
+    def _visible(self, labels: dict[str, str]) -> bool:
+        return labels.get("org", self._org) == self._org and ("app" not in labels or self._allows(labels["app"]))
+
+
+def scoped_exposition(engine: Engine, *, org: str, allows: Callable[[str], bool]) -> bytes:
+    """Prometheus text for one key: every metric name a listener with ``relay_executors`` serves, with the
+    samples of ``org`` and the apps ``allows`` lets through (``Principal.allows``), and the process's own."""
+    served = CollectorRegistry(auto_describe=False)
+    served.register(_Scoped(registry_with(engine, org=org), org=org, allows=allows))
+    return generate_latest(served)
 
 
 @dataclass(frozen=True)

@@ -114,6 +114,18 @@ class Candidates:
 
 
 @dataclass(frozen=True)
+class BlockedRecovery:
+    """A DEAD executor whose recovery waits for a peer: the last recovery step its lifecycle recorded since it died
+    is ``executor.recovery.blocked`` (no HEALTHY, undrained executor of its version)."""
+
+    executor_id: str
+    app_version: str
+    died_at: datetime
+    blocked_at: datetime
+    reason: str
+
+
+@dataclass(frozen=True)
 class AppAccess:
     """A key's access to one registered app, and (when asked for) the app's management candidates then."""
 
@@ -369,6 +381,37 @@ class Store:
         slow operator's request is on them (claimed peers). Read on every management request."""
         with self.engine.connect() as c:
             return _candidates(c, org, app)
+
+    def drained_executors(self, org: str, app: str) -> list[tuple[str, str]]:
+        """``(executor_id, app_version)`` of the app's routable HEALTHY executors that a drain in force keeps from
+        being chosen (to carry an operator's request, to recover a peer), by id: read only to say so when none is
+        left to choose."""
+        with self.engine.connect() as c:
+            rows = c.execute(_DRAINED, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY, "now": utcnow()})
+            return [(row.executor_id, row.app_version) for row in rows]
+
+    def blocked_recoveries(self, org: str, app: str) -> list[BlockedRecovery]:
+        """The app's DEAD executors whose recovery is blocked for lack of a peer, as their lifecycle workflows
+        recorded it: the last of their recovery steps audited since they died (the registry row's last write) is
+        ``executor.recovery.blocked``. Oldest death first."""
+        with Session(self.engine) as s:
+            dead = {e.executor_id: e for e in s.exec(select(Executor).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all()}
+            if not dead:
+                return []
+            steps = s.exec(select(AuditLog).where(  # the emit_time index: only rows since the oldest death
+                AuditLog.org == org, AuditLog.app == app,
+                col(AuditLog.emit_time) >= min(e.updated_at for e in dead.values()),
+                col(AuditLog.operation).in_(RECOVERY_STEPS), col(AuditLog.executor_id).in_(list(dead)))
+                .order_by(col(AuditLog.emit_time))).all()
+        last: dict[str, AuditLog] = {}
+        for row in steps:
+            if row.executor_id is not None and row.emit_time >= dead[row.executor_id].updated_at:
+                last[row.executor_id] = row
+        blocked = [BlockedRecovery(executor_id=i, app_version=dead[i].app_version, died_at=dead[i].updated_at,
+                                   blocked_at=row.emit_time, reason=str((row.details or {}).get("reason", "")))
+                   for i, row in last.items() if row.operation == "executor.recovery.blocked"]
+        return sorted(blocked, key=lambda b: b.died_at)
 
     def claim_for_management(self, *, org: str, app: str, executor_id: str, request_id: str) -> None:
         """An operator's request is taking a while on ``executor_id``: count it as work in flight there, so a
@@ -948,6 +991,10 @@ class Store:
 # Claims by operators' requests (``claim_for_management``) sit beside recovery claims, keyed by request; one left
 # behind by a gateway that died mid-request stops counting after this long.
 MANAGEMENT_CLAIM = "management:"
+# A DEAD executor's recovery steps, as its lifecycle workflow audits them: the last one since it died says whether
+# its recovery is blocked for lack of a peer (``Store.blocked_recoveries``).
+RECOVERY_STEPS = ("executor.recovery.blocked", "executor.recovery.unblocked", "executor.recovery.dispatched",
+                  "executor.recovery.cancelled")
 MANAGEMENT_CLAIM_TTL = timedelta(minutes=5)
 
 
@@ -1030,6 +1077,11 @@ _ROUTABLE = select(Executor).where(Executor.org == bindparam("org"), Executor.ap
 _ELIGIBLE = _ROUTABLE.where(~exists().where(
     col(ExecutorDrain.org) == col(Executor.org), col(ExecutorDrain.app) == col(Executor.app),
     col(ExecutorDrain.executor_id) == col(Executor.executor_id), col(ExecutorDrain.until) > bindparam("now")))
+# Routable HEALTHY executors a drain in force keeps out of _ELIGIBLE: only what saying so needs.
+_DRAINED = _ROUTABLE.with_only_columns(col(Executor.executor_id), col(Executor.app_version)).where(exists().where(
+    col(ExecutorDrain.org) == col(Executor.org), col(ExecutorDrain.app) == col(Executor.app),
+    col(ExecutorDrain.executor_id) == col(Executor.executor_id), col(ExecutorDrain.until) > bindparam("now"))
+).order_by(col(Executor.executor_id))
 # The same peers as _ELIGIBLE, only what choosing one reads (``candidates.Peer``): a recovery's candidate is chosen
 # among every HEALTHY executor of the app, and building an ORM object per row cost 25 ms at 1,000 executors, under the
 # database's write lock (a burst of deaths waited on it in line).

@@ -68,6 +68,24 @@ def rest_durations(durations: Mapping[str, timedelta | None]) -> dict[str, int |
     return {name: rest_duration(name, value) for name, value in durations.items()}
 
 
+# A retention or timeout threshold under a second is a unit slip, never a setting: ``gcTimeThresholdMs: 7`` meant as
+# 7 s or 7 days deletes every finished workflow at the next retention round (``globalTimeoutMs`` cancels every
+# running one). The REST API refuses it, reading the value back in the other units.
+MIN_THRESHOLD = timedelta(seconds=1)
+
+
+def threshold_ms_problem(name: str, ms: int) -> str | None:
+    """Why ``ms`` milliseconds is refused for the threshold ``name`` (a REST field in ms), or None when it is at
+    least ``MIN_THRESHOLD``: ``7 ms — did you mean 7 s (7000) or 7 days (604800000)? ...``."""
+    if ms >= timedelta_to_ms(MIN_THRESHOLD):  # compared as integers: any int64 a client sends fits no timedelta
+        return None
+    floor = f"{name} is in milliseconds, at least {timedelta_to_ms(MIN_THRESHOLD)} (1 s); null clears it"
+    if ms <= 0:
+        return f"{ms} ms: {floor}"
+    return (f"{ms} ms — did you mean {ms} s ({timedelta_to_ms(timedelta(seconds=ms))}) or {ms} days "
+            f"({timedelta_to_ms(timedelta(days=ms))})? {floor}")
+
+
 # An application's settings: storage field -> REST field. The durations among them are converted by the unit
 # their REST name states.
 APP_SETTING_REST_NAMES = {

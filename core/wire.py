@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from core import units
-from core.errors import ProtocolError
+from core.errors import NestingError, ProtocolError
 
 
 class _Reply(BaseModel):
@@ -74,10 +74,13 @@ TYPE_MAX, REASON_MAX = 40, 300  # characters of an executor's own text quoted in
 def parse_reply(
     text: str | bytes,
 ) -> ExecutorInfoReply | RecoveryReply | ExistPendingWorkflowsReply | RetentionReply | OtherReply:
-    """Decode one executor frame. Raises ``ProtocolError`` with a short reason; never anything else."""
+    """Decode one executor frame. Raises ``ProtocolError`` with a short reason (``NestingError`` for a frame nested
+    too deep to parse at all); never anything else."""
     try:
         data = json.loads(text)
-    except (ValueError, UnicodeDecodeError, RecursionError) as err:  # RecursionError: nesting too deep
+    except RecursionError:
+        raise NestingError("invalid JSON: nested too deep to parse") from None
+    except (ValueError, UnicodeDecodeError) as err:
         raise ProtocolError(f"invalid JSON: {err}"[:REASON_MAX]) from None
     if not isinstance(data, dict):
         raise ProtocolError("a frame must be a JSON object")
@@ -92,6 +95,36 @@ def parse_reply(
         # Clipped: the reason is logged and audited for every malformed frame, and the frame may be megabytes.
         raise ProtocolError(f"{data.get('type')!s:.{TYPE_MAX}} reply: {where}: {first['msg']}"[:REASON_MAX],
                             request_id=request_id if isinstance(request_id, str) else None) from None
+
+
+# What the SDKs put around an exception's messages in ``error_message``: Python's ``traceback.format_exc()`` after a
+# context (``Exception encountered when resuming workflow(s) [...]: Traceback (most recent call last): ...``), and
+# the lines that join chained exceptions. Stack frames and source lines are indented in Python, JavaScript and Java
+# traces alike; the unindented lines are the messages.
+TRACEBACK_HEADER = "Traceback (most recent call last):"
+_CHAINING = ("During handling of the above exception", "The above exception was the direct cause")
+
+
+def error_summary(error: str, limit: int = REASON_MAX) -> str:
+    """An executor's ``error_message`` without its stack trace: the context and each exception's message, joined
+    by ``; ``, at most ``limit`` characters (head and tail: the last message says what failed). What a REST
+    problem quotes; the whole message is for the gateway's log."""
+    lines = []
+    for line in error.splitlines():
+        if not line.strip() or line[0].isspace() or line.startswith(_CHAINING):
+            continue
+        line = line.replace(TRACEBACK_HEADER, "").rstrip().removesuffix(":").rstrip()
+        if line:
+            lines.append(line)
+    return clip("; ".join(lines) or error.strip() or "no message", limit)
+
+
+def clip(text: str, limit: int = REASON_MAX) -> str:
+    """Head and tail of a long message, at most ``limit`` characters: an error's last words say what failed."""
+    if len(text) <= limit:
+        return text
+    half = (limit - 3) // 2
+    return f"{text[:half]} … {text[-half:]}"
 
 
 def management_request(kind: str, request_id: str, fields: dict[str, Any]) -> str:

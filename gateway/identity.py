@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from core import wire
+from core import nesting, wire
 from core.errors import IdentityError
 from workflows.contracts.common import lifecycle_workflow_id
 
@@ -36,12 +36,21 @@ def check(org: str, app: str, info: wire.ExecutorInfoReply) -> None:
     _text("language", info.language, SHORT_TEXT_BYTES)
     _text("dbos_version", info.dbos_version, SHORT_TEXT_BYTES)
     if info.executor_metadata is not None:
+        # Depth before size: a few KiB of brackets pass the size bound, then fail the `connected` signal's
+        # serialization on every retry (the executor connected, never registered).
+        if nesting.too_deep(info.executor_metadata):
+            raise _invalid("executor_metadata", f"is nested deeper than {nesting.MAX_JSON_DEPTH} levels")
         try:
             size = len(json.dumps(info.executor_metadata, ensure_ascii=False).encode())
         except (UnicodeEncodeError, ValueError, RecursionError):  # "\ud800" in a value: the wire model allows it
             raise _invalid("executor_metadata", "is not encodable as UTF-8 JSON") from None
         if size > METADATA_BYTES:
             raise _too_long("executor_metadata", size, METADATA_BYTES)
+
+
+def nested_too_deep() -> IdentityError:
+    """The refusal of an ``executor_info`` reply nested too deep to parse at all (``NestingError``)."""
+    return _invalid("executor_info", f"is nested too deep to parse (over {nesting.MAX_JSON_DEPTH} levels is refused)")
 
 
 def checker(org: str, app: str) -> Callable[[wire.ExecutorInfoReply], None]:

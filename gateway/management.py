@@ -169,8 +169,7 @@ class Management:
         local = {c.executor_id for c in self._hub.in_app(org, app)}
         ordered = order(candidates.executors, busy=candidates.busy, local=local, version=version)
         if not ordered:
-            of = f" on application version {version!r}" if version is not None else ""
-            raise NoExecutorError(f"no HEALTHY executor of app {app!r}{of} is connected")
+            raise await self._none_to_ask(org, app, version)
         tried: list[str] = []
         reasons: list[str] = []
         for row in ordered[:MAX_TRIES]:
@@ -189,11 +188,30 @@ class Management:
                 continue
             answer = Answer(row.executor_id, body)
             if answer.error is not None and METADATA_ONLY in answer.error:
-                raise ExecutorRefusedError(f"executor {row.executor_id} refused {kind}: {answer.error[:300]}",
-                                           executor_id=row.executor_id)
+                raise ExecutorRefusedError(f"executor {row.executor_id} refused {kind}: "
+                                           f"{wire.error_summary(answer.error)}", executor_id=row.executor_id)
             return answer
         raise ExecutorsFailedError(f"no executor of app {app!r} answered {kind}: " + "; ".join(reasons)[:1000],
                                    tried=tried)
+
+    async def _none_to_ask(self, org: str, app: str, version: str | None) -> NoExecutorError:
+        """The 503 when no executor may be asked, naming the cause: none connected, or every HEALTHY one drained
+        (connected, but never chosen while drained; the operator's own drain is the likelier cause, so say how to
+        end it)."""
+        of = f" on application version {version!r}" if version is not None else ""
+        try:
+            rows = await asyncio.to_thread(self._store.drained_executors, org, app)
+        except Exception as err:  # only to explain a 503: the plain one will do
+            log.info("could not read the drains of %s/%s: %s", org, app, err)
+            rows = []
+        drained = [executor_id for executor_id, v in rows if version is None or v == version]
+        if not drained:
+            return NoExecutorError(f"no HEALTHY executor of app {app!r}{of} is connected")
+        which = ", ".join(drained[:3]) + (f" and {len(drained) - 3} more" if len(drained) > 3 else "")
+        whom = (f"the only HEALTHY executor of app {app!r}{of} ({which}) is" if len(drained) == 1 else
+                f"all {len(drained)} HEALTHY executors of app {app!r}{of} ({which}) are")
+        return NoExecutorError(f"{whom} connected but drained, and a drained executor carries no operator's request: "
+                               f"end the drain with `relay drain clear {drained[0]} --app {app}`")
 
     async def latest_version(self, org: str, app: str, *, timeout: timedelta | None = None,
                              candidates: Candidates | None = None) -> str | None:

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from core import wire
-from core.errors import ProtocolError
+from core.errors import NestingError, ProtocolError
+from gateway import identity as identities
 
 
 class State(Enum):
@@ -70,7 +71,12 @@ class Session:
         """Raises ``ProtocolError`` when the frame breaks the protocol; the caller then closes the socket."""
         if self.state is State.CLOSED:
             return Ignored("connection closed")
-        message = wire.parse_reply(frame)
+        try:
+            message = wire.parse_reply(frame)
+        except NestingError:
+            if self.state is State.AWAITING_INFO:  # the SDK sends the same frame on every reconnect: refuse for good
+                raise identities.nested_too_deep() from None
+            raise
         if self.state is State.AWAITING_INFO:
             if not isinstance(message, wire.ExecutorInfoReply):
                 raise ProtocolError(f"expected an executor_info reply, got {message.type!r:.{wire.TYPE_MAX}}")

@@ -52,12 +52,14 @@ class CdpError(Exception):
 
 
 class Page:
-    """One tab, through its own CDP WebSocket. Events the browser sends between replies are ignored."""
+    """One tab, through its own CDP WebSocket. Of the events the browser sends between replies, the URLs of the
+    requests it makes are kept (``requests``); the others are ignored."""
 
     def __init__(self, ws: ClientConnection, *, timeout: float = 30.0) -> None:
         self._ws = ws
         self._ids = itertools.count(1)
         self.timeout = timeout
+        self._requested: list[str] = []
 
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         """Send one command and return its ``result``."""
@@ -66,6 +68,8 @@ class Page:
         deadline = time.monotonic() + self.timeout
         while True:
             message = json.loads(self._ws.recv(timeout=max(0.0, deadline - time.monotonic())))
+            if message.get("method") == "Network.requestWillBeSent":
+                self._requested.append(message["params"]["request"]["url"])
             if message.get("id") != message_id:
                 continue  # an event, or a reply to nothing we wait for
             if "error" in message:
@@ -104,6 +108,12 @@ class Page:
     def text(self) -> str:
         """What the page shows, as text (``innerText``: hidden elements left out)."""
         return str(self.evaluate("document.body ? document.body.innerText : ''"))
+
+    def requests(self) -> list[str]:
+        """Every URL the tab has asked for (``Network.enable``: since it opened), failed ones included, which
+        ``resources`` may leave out: a request to a host that does not resolve here never completes."""
+        self.evaluate("0")  # the browser sends the events before this reply: every one so far is taken in
+        return list(self._requested)
 
     def resources(self) -> list[str]:
         """Every URL the page has loaded so far (scripts, stylesheets, fetches), from the Resource Timing API."""
@@ -176,6 +186,7 @@ class Chromium:
         page = Page(self._sockets.enter_context(connect(target["webSocketDebuggerUrl"], max_size=MAX_MESSAGE_BYTES,
                                                        open_timeout=10)))
         page.call("Page.enable")
+        page.call("Network.enable")
         return page
 
     def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,

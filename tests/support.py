@@ -250,8 +250,8 @@ def start_gateways(data_dir: Path, processes: list[Process], *, count: int = 2, 
     processes.append(temporal)
     env = relay_env(data_dir, RELAY_TEMPORAL_ADDRESS=address, **overrides)
     processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=env, log=data_dir / "worker.log"))
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True, timeout=60).stdout.strip()
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
     ports = [free_port() for _ in range(count)]
     gateways = []
     for n, port in enumerate(ports, 1):

@@ -1,11 +1,13 @@
 """A fake server-side transport for protocol objects driven by unit tests (uvicorn's HTTP and WebSocket protocols,
-the gateway's ``ExecutorSocket``), without a socket."""
+the gateway's ``ExecutorSocket``), without a socket; and a synchronous client transport to an in-process ASGI app
+(the admin CLI's ``httpx.Client`` against the REST app of tests/api)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
+import httpx
 from websockets.client import ClientProtocol
 
 
@@ -60,3 +62,19 @@ class ServerTransport(asyncio.Transport):
         """The HTTP status of what was written, if it began with a status line."""
         line = bytes(self.written).partition(b"\r\n")[0].split(b" ")
         return int(line[1]) if len(line) > 1 else None
+
+
+class LoopASGITransport(httpx.BaseTransport):
+    """A synchronous ``httpx`` transport that serves each request with ``app`` on ``loop``: a client running in
+    another thread (``asyncio.to_thread``) reaches an app whose state lives on the test's own event loop."""
+
+    def __init__(self, app: Any, loop: asyncio.AbstractEventLoop) -> None:
+        self._asgi = httpx.ASGITransport(app=app)
+        self._loop = loop
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        async def serve() -> httpx.Response:
+            response = await self._asgi.handle_async_request(request)
+            return httpx.Response(response.status_code, headers=response.headers, content=await response.aread())
+
+        return asyncio.run_coroutine_threadsafe(serve(), self._loop).result()

@@ -1,7 +1,13 @@
-"""REST route for the audit log (upstream listAuditLogs). Needs an org-wide key."""
+"""REST route for the audit log (upstream listAuditLogs). Needs an org-wide key.
+
+``details`` keys are in the REST API's one style, camelCase (``requestId``, ``connectionId``), whoever wrote the
+row: Relay's workflows write some in snake_case. Only the top level is renamed: a value carried whole (``body``,
+the wire message sent to an executor) keeps the names it had on the wire.
+"""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
@@ -29,6 +35,7 @@ MAX_LIMIT = 1000
 OptionalTime = UTCTime | None
 OptionalStr = str | None
 SYSTEM = AuditSubject(type="system", id="system", display="Relay")
+_SNAKE = re.compile(r"_([a-z0-9])")
 
 
 def text_filter(*, description: str) -> Any:
@@ -62,13 +69,24 @@ async def list_audit_logs(
 
 
 def _entry(row: AuditLog, key_names: dict[str, str]) -> AuditLogEntry:
-    details: dict[str, Any] | None = row.details
+    details = rest_keys(row.details) if isinstance(row.details, dict) else row.details
     if row.executor_id is not None:
         details = {**(details or {}), "executorId": row.executor_id}
     return AuditLogEntry(id=row.id, emitTime=row.emit_time, operation=row.operation,
                          status="success" if row.status == "success" else "failure",
                          subject=_subject(row.subject, key_names), target=_target(row), sourceIp=row.source_ip,
                          details=details)
+
+
+def rest_keys(details: dict[str, Any]) -> dict[str, Any]:
+    """``details`` with its top-level keys in camelCase (``request_id`` → ``requestId``), in their order; of a key
+    written both ways, the camelCase one."""
+    out: dict[str, Any] = {}
+    for key, value in details.items():
+        camel = _SNAKE.sub(lambda m: m.group(1).upper(), key)
+        if camel == key or camel not in details:
+            out[camel] = value
+    return out
 
 
 def _subject(stored: str, key_names: dict[str, str]) -> AuditSubject:

@@ -2,18 +2,23 @@
 itself, so they render on a host with no internet. FastAPI's own pages load their JavaScript and CSS from a CDN.
 
 The assets are the ones the ``fastapi-offline`` package ships: swagger-ui-dist 5 (FastAPI writes OpenAPI 3.1,
-which Swagger UI 4 shows as "Unable to render this definition") and ReDoc's standalone bundle. The pages are
-unauthenticated, as ``/openapi.json`` is, and left out of the OpenAPI document.
+which Swagger UI 4 shows as "Unable to render this definition") and ReDoc's standalone bundle, served with the one
+URL it would load from elsewhere taken out (its "API docs by Redocly" badge's logo, from cdn.redoc.ly: the badge
+then shows its text alone). ``GET /`` sends a browser to ``/docs``. The pages are unauthenticated, as
+``/openapi.json`` is, and left out of the OpenAPI document.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
+from functools import cache
 from pathlib import Path
 
 import fastapi_offline
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from core.errors import NotFoundError
 
@@ -28,6 +33,10 @@ ASSETS = {
     "favicon.png": "image/png",
 }
 _STATIC = Path(fastapi_offline.__file__).parent / "static"
+REDOC = "redoc.standalone.js"
+# ReDoc's sidebar badge is an <img> of this CDN's logo (hard-coded in the bundle). An empty src loads nothing and
+# fails at once, and the badge's own onError handler then leaves the image out.
+_CDN_URL = re.compile(rb'"https://cdn\.redoc\.ly/[^"]*"')
 
 
 def _urls(request: Request) -> tuple[str, str]:
@@ -35,6 +44,12 @@ def _urls(request: Request) -> tuple[str, str]:
     app: FastAPI = request.app
     root = request.scope.get("root_path", "")
     return f"{root}{app.openapi_url}", f"{root}{ASSETS_URL}"
+
+
+@router.get("/")
+async def root(request: Request) -> RedirectResponse:
+    """A browser pointed at the gateway's address lands on the API's documentation."""
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/docs", status_code=307)
 
 
 @router.get("/docs")
@@ -58,9 +73,21 @@ async def redoc(request: Request) -> HTMLResponse:
 
 
 @router.get(ASSETS_URL + "/{name}")
-async def asset(name: str) -> FileResponse:
+async def asset(name: str, request: Request) -> Response:
     """One of the pages' assets; the response carries an ETag, so a browser revalidates instead of reloading."""
     media_type = ASSETS.get(name)
     if media_type is None:
         raise NotFoundError(f"no documentation asset {name!r}")
-    return FileResponse(_STATIC / name, media_type=media_type)
+    if name != REDOC:
+        return FileResponse(_STATIC / name, media_type=media_type)
+    content, etag = redoc_bundle()
+    if request.headers.get("if-none-match") == etag:
+        return Response(status_code=304, headers={"ETag": etag})
+    return Response(content, media_type=media_type, headers={"ETag": etag})
+
+
+@cache
+def redoc_bundle() -> tuple[bytes, str]:
+    """ReDoc's bundle with its CDN URL emptied, and its ETag: read and rewritten once per process."""
+    content = _CDN_URL.sub(b'""', (_STATIC / REDOC).read_bytes())
+    return content, f'"{hashlib.sha256(content).hexdigest()[:32]}"'

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
@@ -23,6 +23,7 @@ from api.schemas import (
     Drain,
     DrainInputBody,
     PauseInputBody,
+    RecoveryBlocked,
     RecoveryBreaker,
     RecoveryPause,
     RecoveryStatus,
@@ -132,8 +133,13 @@ async def resume_recovery(orgName: OrgName, appName: AppName, p: AppPrincipal, s
 @router.get("/recovery", operation_id="getRecoveryStatus", summary="Get the recovery gate", responses=ERRORS,
             openapi_extra=EXTENSION)
 async def recovery_status(orgName: OrgName, appName: AppName, _p: AppPrincipal, store: StoreDep) -> RecoveryStatus:
-    """Relay extension. The app's pause, its recovery-storm breaker, and the recoveries the gate holds."""
-    pause, gate, waiting = await run_in_threadpool(store.recovery_state, orgName, appName)
+    """Relay extension. The app's pause, its recovery-storm breaker, the recoveries the gate holds, and those
+    blocked for lack of a peer (with the drained executors that could otherwise carry them)."""
+    def read() -> tuple[Any, ...]:
+        return (*store.recovery_state(orgName, appName), store.blocked_recoveries(orgName, appName),
+                store.drained_executors(orgName, appName))
+
+    pause, gate, waiting, blocked, drained = await run_in_threadpool(read)
     now = utcnow()
     breaker = RecoveryBreaker(tripped=gate is not None and gate.tripped_at is not None,
                               trippedAt=gate.tripped_at if gate else None, trips=gate.trips if gate else 0,
@@ -141,7 +147,11 @@ async def recovery_status(orgName: OrgName, appName: AppName, _p: AppPrincipal, 
     return RecoveryStatus(
         pause=RecoveryPause.of(pause, now=now) if pause else None, breaker=breaker,
         waiting=[RecoveryWaiting(executorId=t.executor_id, diedAt=t.died_at, slotAt=t.slot_at, reason=t.held)
-                 for t in waiting])
+                 for t in waiting],
+        blocked=[RecoveryBlocked(executorId=b.executor_id, appVersion=b.app_version, diedAt=b.died_at,
+                                 blockedAt=b.blocked_at, reason=b.reason,
+                                 drainedPeers=[i for i, v in drained if v == b.app_version])
+                 for b in blocked])
 
 
 async def _wake(gateway: Gateway, org: str, app: str, dead: list[str], executor_id: str) -> None:

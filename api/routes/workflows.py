@@ -4,7 +4,10 @@ dependency (the caller, the app, how to ask an executor and how to audit), execu
 size cap and the per-app bulk rate limit.
 
 Reads go to any HEALTHY executor; resume and fork to one on the latest application version unless the request
-names one. Every mutation is audited with the executor that served it and its outcome, failures included.
+names one. Every mutation is audited with the executor that served it and its outcome, failures included. An
+unknown workflow id is a 404 for every operation on named workflows, whatever the SDK answers for it (dbos 3.2.0
+cancels it "successfully", lists no steps for it, and resumes or forks it with a traceback): ``Managed.require``.
+An executor's error is quoted without its stack trace, which is logged instead.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -27,6 +31,7 @@ from api import conductor as c
 from api.deps import AppAccessDep, source_ip
 from api.problems import responses
 from api.schemas import MAX_JSON_INT
+from core import wire
 from core.errors import (
     ExecutorRefusedError,
     ExecutorsFailedError,
@@ -41,6 +46,7 @@ from gateway.management import Answer, Pick
 from gateway.runtime import Gateway
 
 R = TypeVar("R", bound=c.SdkReply)
+log = logging.getLogger("relay.gateway")
 
 PREFIX = "/v2/orgs/{orgName}/apps/{appName}"
 router = APIRouter(prefix=PREFIX, tags=["Workflows"])
@@ -48,7 +54,8 @@ router = APIRouter(prefix=PREFIX, tags=["Workflows"])
 READ_ERRORS = responses(401, 403, 404, 409, 422, 502, 503)
 WRITE_ERRORS = READ_ERRORS
 BULK_ERRORS = responses(401, 403, 404, 409, 422, 429, 502, 503)
-MAX_QUOTE = 300  # an executor's error message, quoted in a problem: SDKs send whole tracebacks
+MAX_QUOTE = 300  # an executor's error message, quoted in a problem (without its traceback: ``wire.error_summary``)
+MAX_LOGGED = 10_000  # the whole error message, traceback included, in the gateway's log
 BULK_CONCURRENCY = 8  # per-id requests of a bulk action by filter in flight at once (executors answer serially)
 
 WorkflowId = Annotated[str, Path(min_length=1)]
@@ -58,25 +65,28 @@ WorkflowId = Annotated[str, Path(min_length=1)]
 
 
 def clip(text: str, limit: int = MAX_QUOTE) -> str:
-    """Head and tail of a long message: a traceback's last line says what failed."""
-    if len(text) <= limit:
-        return text
-    half = (limit - 3) // 2
-    return f"{text[:half]} … {text[-half:]}"
+    return wire.clip(text, limit)
+
+
+def failed(answer: Answer) -> str | None:
+    """The executor's error, when it answered with one (``success: false`` without a message counts)."""
+    if answer.error is None and answer.body.get("success") is False:
+        return "success: false, without a message"
+    return answer.error
 
 
 def check(answer: Answer, kind: str) -> None:
-    """An executor that answered with an error: 409 if it refuses (metadata-only mode), else 502."""
-    error = answer.error
-    if error is None and answer.body.get("success") is False:
-        error = "success: false, without a message"
+    """An executor that answered with an error: 409 if it refuses (metadata-only mode), else 502. The problem
+    quotes the error's messages only: the SDKs send whole tracebacks, which go to the gateway's log instead."""
+    error = failed(answer)
     if error is None:
         return
+    log.warning("executor %s failed %s: %s", answer.executor_id, kind, error[:MAX_LOGGED])
+    said = wire.error_summary(error, MAX_QUOTE)
     if "metadata-only" in error.lower() or "metadata only" in error.lower():
-        raise ExecutorRefusedError(f"executor {answer.executor_id} refused {kind} (metadata-only mode): "
-                                   f"{clip(error)}", executor_id=answer.executor_id)
-    raise ExecutorsFailedError(f"executor {answer.executor_id} failed {kind}: {clip(error)}",
-                               tried=[answer.executor_id])
+        raise ExecutorRefusedError(f"executor {answer.executor_id} refused {kind} (metadata-only mode): {said}",
+                                   executor_id=answer.executor_id)
+    raise ExecutorsFailedError(f"executor {answer.executor_id} failed {kind}: {said}", tried=[answer.executor_id])
 
 
 def parse(answer: Answer, reply: type[R], kind: str) -> R:
@@ -134,12 +144,17 @@ class Managed:
     limiter: BulkLimiter
     prefetched: list[Candidates] = field(default_factory=list)
 
-    async def ask(self, kind: str, fields: Mapping[str, Any], *, pick: Pick = Pick.ANY,
-                  version: str | None = None) -> Answer:
+    async def answer(self, kind: str, fields: Mapping[str, Any], *, pick: Pick = Pick.ANY,
+                     version: str | None = None) -> Answer:
+        """The executor's answer as it came, an error included (``ask`` checks it)."""
         # The candidates read with the key check serve the first request; a bulk action's later ones read afresh.
         candidates = self.prefetched.pop() if self.prefetched else None
-        answer = await self.gateway.management.ask(self.org, self.app, kind, fields, pick=pick, version=version,
-                                                   candidates=candidates)
+        return await self.gateway.management.ask(self.org, self.app, kind, fields, pick=pick, version=version,
+                                                 candidates=candidates)
+
+    async def ask(self, kind: str, fields: Mapping[str, Any], *, pick: Pick = Pick.ANY,
+                  version: str | None = None) -> Answer:
+        answer = await self.answer(kind, fields, pick=pick, version=version)
         check(answer, kind)
         return answer
 
@@ -147,11 +162,42 @@ class Managed:
                    pick: Pick = Pick.ANY, version: str | None = None) -> R:
         return parse(await self.ask(kind, fields, pick=pick, version=version), reply, kind)
 
+    async def read_workflow(self, workflow_id: str, kind: str, fields: Mapping[str, Any], reply: type[R], *,
+                            found: Callable[[R], bool]) -> R:
+        """A read about one workflow. An unknown id is a 404 whatever the SDK answers for it — nothing (``[]``
+        steps, a null workflow) or an error (one that raises for it) — so an answer that is an error or not
+        ``found`` is followed by a look whether the workflow exists; a known workflow's error is the 502 (409) it
+        was, and its empty answer the answer."""
+        answer = await self.answer(kind, fields)
+        if failed(answer) is None:
+            parsed = parse(answer, reply, kind)
+            if found(parsed):
+                return parsed
+        await self.require([workflow_id])
+        check(answer, kind)
+        return parse(answer, reply, kind)
+
+    async def require(self, workflow_ids: list[str]) -> None:
+        """404 unless every one of ``workflow_ids`` is a workflow of the app: one ``list_workflows`` naming them
+        (ids only), since some SDKs answer a cancel or a delete of an unknown id with success."""
+        listing = await self.read("list_workflows", {"body": c.existence_body(workflow_ids)}, c.ListWorkflowsReply)
+        known = {w.WorkflowUUID for w in listing.output}
+        unknown = [i for i in workflow_ids if i not in known]
+        if len(workflow_ids) == 1 and unknown:
+            raise NotFoundError(f"workflow {unknown[0]!r} not found")
+        if unknown:
+            names = clip(", ".join(repr(i) for i in unknown))
+            raise NotFoundError(f"{len(unknown)} of the {len(workflow_ids)} workflows not found, so none was "
+                                f"changed: {names}")
+
     async def mutate(self, operation: str, kind: str, fields: Mapping[str, Any], reply: type[R], *,
-                                    details: dict[str, Any], pick: Pick = Pick.ANY, version: str | None = None,
-                                    outcome: Callable[[R], dict[str, Any]] | None = None) -> R:
-        """``read``, audited as ``operation`` whatever happens (``outcome`` adds to the details of a success)."""
+                     details: dict[str, Any], pick: Pick = Pick.ANY, version: str | None = None,
+                     outcome: Callable[[R], dict[str, Any]] | None = None, workflow_ids: list[str] | None = None) -> R:
+        """``read``, audited as ``operation`` whatever happens (``outcome`` adds to the details of a success).
+        ``workflow_ids``: the workflows it acts on, which must exist (404, audited, and nothing sent)."""
         try:
+            if workflow_ids:
+                await self.require(workflow_ids)
             answer = await self.ask(kind, fields, pick=pick, version=version)
             parsed = parse(answer, reply, kind)
         except RelayError as err:
@@ -246,8 +292,9 @@ async def search_workflows(
 @router.get("/workflows/{workflowId}", operation_id="getWorkflow", summary="Get workflow", responses=READ_ERRORS,
             response_model=c.Workflow)
 async def get_workflow(m: ManagedDep, workflowId: WorkflowId) -> Response:
-    reply = await m.read("get_workflow", {"workflow_id": workflowId, "load_input": True, "load_output": True},
-                         c.GetWorkflowReply)
+    reply = await m.read_workflow(workflowId, "get_workflow", {"workflow_id": workflowId, "load_input": True,
+                                                               "load_output": True}, c.GetWorkflowReply,
+                                  found=lambda r: r.output is not None)
     if reply.output is None:
         raise NotFoundError(f"workflow {workflowId!r} not found")
     return Response(c.dump_workflow(reply.output), media_type="application/json")
@@ -260,8 +307,9 @@ async def list_workflow_steps(
     limit: Annotated[int | None, Query(ge=1, le=MAX_JSON_INT)] = None,
     offset: Annotated[int | None, Query(ge=0, le=MAX_JSON_INT)] = None,
 ) -> list[c.Step]:
-    reply = await m.read("list_steps", {"workflow_id": workflowId, "load_output": True, "limit": limit,
-                                        "offset": offset}, c.ListStepsReply)
+    reply = await m.read_workflow(workflowId, "list_steps", {"workflow_id": workflowId, "load_output": True,
+                                                             "limit": limit, "offset": offset}, c.ListStepsReply,
+                                  found=lambda r: bool(r.output))
     if reply.output is None:
         raise NotFoundError(f"workflow {workflowId!r} not found")
     return [c.step_of(s) for s in reply.output]
@@ -270,21 +318,24 @@ async def list_workflow_steps(
 @router.get("/workflows/{workflowId}/events", operation_id="listWorkflowEvents", summary="List workflow events",
             responses=READ_ERRORS)
 async def list_workflow_events(m: ManagedDep, workflowId: WorkflowId) -> list[c.Event]:
-    reply = await m.read("get_workflow_events", {"workflow_id": workflowId}, c.EventsReply)
+    reply = await m.read_workflow(workflowId, "get_workflow_events", {"workflow_id": workflowId}, c.EventsReply,
+                                  found=lambda r: bool(r.events))
     return [c.Event(key=e.key, value=e.value) for e in reply.events or []]
 
 
 @router.get("/workflows/{workflowId}/notifications", operation_id="listWorkflowNotifications",
             summary="List workflow notifications", responses=READ_ERRORS)
 async def list_workflow_notifications(m: ManagedDep, workflowId: WorkflowId) -> list[c.Notification]:
-    reply = await m.read("get_workflow_notifications", {"workflow_id": workflowId}, c.NotificationsReply)
+    reply = await m.read_workflow(workflowId, "get_workflow_notifications", {"workflow_id": workflowId},
+                                  c.NotificationsReply, found=lambda r: bool(r.notifications))
     return [c.notification_of(n) for n in reply.notifications or []]
 
 
 @router.get("/workflows/{workflowId}/streams", operation_id="listWorkflowStreams", summary="List workflow streams",
             responses=READ_ERRORS)
 async def list_workflow_streams(m: ManagedDep, workflowId: WorkflowId) -> list[c.StreamEntry]:
-    reply = await m.read("get_workflow_streams", {"workflow_id": workflowId}, c.StreamsReply)
+    reply = await m.read_workflow(workflowId, "get_workflow_streams", {"workflow_id": workflowId}, c.StreamsReply,
+                                  found=lambda r: bool(r.streams))
     return [c.StreamEntry(key=s.key, values=s.values) for s in reply.streams or []]
 
 
@@ -292,8 +343,9 @@ async def list_workflow_streams(m: ManagedDep, workflowId: WorkflowId) -> list[c
             responses=READ_ERRORS)
 async def export_workflow(m: ManagedDep, workflowId: WorkflowId,
                           exportChildren: bool = False) -> c.ExportWorkflowOutputBody:
-    reply = await m.read("export_workflow", {"workflow_id": workflowId, "export_children": exportChildren},
-                         c.ExportReply)
+    reply = await m.read_workflow(workflowId, "export_workflow", {"workflow_id": workflowId,
+                                                                  "export_children": exportChildren},
+                                  c.ExportReply, found=lambda r: r.serialized_workflow is not None)
     if reply.serialized_workflow is None:
         raise NotFoundError(f"workflow {workflowId!r} not found")
     return c.ExportWorkflowOutputBody(serializedWorkflow=reply.serialized_workflow)
@@ -335,7 +387,8 @@ async def cancel_workflow(
     body: Annotated[c.CancelWorkflowInputBody, Body(default_factory=c.CancelWorkflowInputBody)],
 ) -> Response:
     await m.mutate("workflow.cancel", "cancel", {"workflow_id": workflowId, "cancel_children": body.cancelChildren},
-                   c.SdkReply, details={"workflowId": workflowId, "cancelChildren": body.cancelChildren})
+                   c.SdkReply, details={"workflowId": workflowId, "cancelChildren": body.cancelChildren},
+                   workflow_ids=[workflowId])
     return Response(status_code=204)
 
 
@@ -347,7 +400,8 @@ async def resume_workflow(
 ) -> Response:
     """Sent to an executor on the latest application version."""
     await m.mutate("workflow.resume", "resume", {"workflow_id": workflowId, "queue_name": body.queueName},
-                   c.SdkReply, pick=Pick.LATEST, details={"workflowId": workflowId, "queueName": body.queueName})
+                   c.SdkReply, pick=Pick.LATEST, details={"workflowId": workflowId, "queueName": body.queueName},
+                   workflow_ids=[workflowId])
     return Response(status_code=204)
 
 
@@ -355,7 +409,8 @@ async def resume_workflow(
                status_code=204, responses=WRITE_ERRORS)
 async def delete_workflow(m: ManagedDep, workflowId: WorkflowId, deleteChildren: bool = False) -> Response:
     await m.mutate("workflow.delete", "delete", {"workflow_id": workflowId, "delete_children": deleteChildren},
-                   c.SdkReply, details={"workflowId": workflowId, "deleteChildren": deleteChildren})
+                   c.SdkReply, details={"workflowId": workflowId, "deleteChildren": deleteChildren},
+                   workflow_ids=[workflowId])
     return Response(status_code=204)
 
 
@@ -370,7 +425,7 @@ async def fork_workflow(
         "workflow.fork", "fork_workflow", {"body": c.fork_body(workflowId, body)}, c.ForkReply, pick=Pick.LATEST,
         version=body.appVersion, details={"workflowId": workflowId, "startStep": body.startStep,
                                           "appVersion": body.appVersion},
-        outcome=lambda r: {"newWorkflowId": r.new_workflow_id})
+        outcome=lambda r: {"newWorkflowId": r.new_workflow_id}, workflow_ids=[workflowId])
     return c.ForkWorkflowOutputBody(workflowId=reply.new_workflow_id)
 
 
@@ -396,7 +451,7 @@ async def _bulk(m: Managed, operation: str, kind: str, ids: list[str], fields: d
     m.limit_rate()
     if ids:
         await m.mutate(operation, kind, {"workflow_id": ids[0], "workflow_ids": ids, **fields}, c.SdkReply,
-                       pick=pick, details={"workflowIds": ids, "count": len(ids), **fields})
+                       pick=pick, details={"workflowIds": ids, "count": len(ids), **fields}, workflow_ids=ids)
 
 
 @router.post("/workflows/bulk-cancel", operation_id="bulkCancelWorkflows", summary="Bulk cancel workflows",
@@ -433,7 +488,7 @@ async def bulk_fork_from_failure(m: ManagedDep, body: c.BulkForkFromFailureBody)
         "workflow.bulk_fork_from_failure", "fork_from_failure", {"body": c.fork_from_failure_body(ids, body)},
         c.ForkFromFailureReply, pick=Pick.LATEST, version=body.appVersion,
         details={"workflowIds": ids, "count": len(ids), "appVersion": body.appVersion},
-        outcome=lambda r: {"forkedWorkflowIds": r.forked_workflow_ids})
+        outcome=lambda r: {"forkedWorkflowIds": r.forked_workflow_ids}, workflow_ids=ids)
     return c.BulkForkFromFailureOutputBody(workflowIds=reply.forked_workflow_ids)
 
 

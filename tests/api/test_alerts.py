@@ -40,7 +40,7 @@ def _rules(app: str) -> str:
 
 
 def assert_rule(body: Any) -> None:
-    errors = conformance_errors(body, ALERTING_RULE)
+    errors = conformance_errors(body, ALERTING_RULE, extra={"receivingAppName"})  # Relay's extension
     assert not errors, errors
 
 
@@ -95,6 +95,28 @@ async def test_create_list_delete_as_upstream_says(api: Api) -> None:
         assert created_row["subject"]["type"] == "api_key"
         [deleted_row] = await _audit(client, "alerts-app", "alert_rule.deleted")
         assert deleted_row["details"]["ruleId"] == rule["id"]
+
+
+async def test_a_whole_threshold_reads_back_whole_and_the_receiver_by_name(api: Api) -> None:
+    """``thresholdSecs: 120`` is stored and shown as 120, not 120.0 (the JSON text, not a Python comparison, where
+    120 == 120.0); a fraction stays one. The receiving app comes back by name too (Relay extension)."""
+    async with api.client() as client:
+        await _app_id(client, "whole-app")
+        receiver_id = await _app_id(client, "whole-receiver")
+        created = await client.post(_rules("whole-app"), json={
+            "ruleType": "SlowQueue", "ruleMetadata": {"queueName": "payments", "thresholdSecs": 120},
+            "receivingAppName": "whole-receiver"})
+        fraction = await client.post(_rules("whole-app"), json={
+            "ruleType": "UnresponsiveApplication", "ruleMetadata": {"thresholdSecs": 1.5}})
+        listed = await client.get(_rules("whole-app"))
+    assert created.status_code == 201, created.text
+    assert '"thresholdSecs":120}' in created.text and '"thresholdSecs":1.5}' in fraction.text
+    assert '"thresholdSecs":120}' in listed.text and "120.0" not in listed.text
+    rule = created.json()
+    assert (rule["receivingAppId"], rule["receivingAppName"]) == (receiver_id, "whole-receiver")
+    assert fraction.json()["receivingAppName"] == "whole-app"  # left out: the rule's own app
+    [stored] = [r for r in api.store.list_alert_rules("local", "whole-app") if r.id == rule["id"]]
+    assert type(stored.rule_metadata["thresholdSecs"]) is int
 
 
 @pytest.mark.parametrize("body", [
@@ -215,9 +237,11 @@ def _nested(depth: int) -> Any:
 
 @pytest.mark.parametrize(("metadata", "says"), [
     (_nested(300), "ruleMetadata is nested deeper than 32 levels"),  # the incident's rule
+    (_nested(600), "ruleMetadata is nested deeper than 32 levels"),
+    (_nested(900), "ruleMetadata is nested deeper than 32 levels"),
     (_nested(33), "ruleMetadata is nested deeper than 32 levels"),
     ({"thresholdSecs": 5, "note": "x" * 9000}, "bytes as JSON, more than 8192"),
-], ids=["300-deep", "33-deep", "9-kB"])
+], ids=["300-deep", "600-deep", "900-deep", "33-deep", "9-kB"])
 async def test_metadata_too_deep_or_too_large_is_422_saying_so(api: Api, metadata: Any, says: str) -> None:
     app = f"alerts-bounded-{uuid.uuid4().hex[:8]}"
     async with api.client() as client:

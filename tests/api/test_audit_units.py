@@ -97,6 +97,21 @@ async def test_lifecycle_rows_carry_the_grace_in_seconds(store: Store) -> None:
     assert rows["executor.grace.extended"] == {"gateway_queue": "gw", "executorTimeoutSecs": 120}
 
 
+async def test_details_keys_are_camel_case_as_the_rest_api_whoever_wrote_them(store: Store,
+                                                                               client: httpx.AsyncClient) -> None:
+    """The workflows write some detail keys in snake_case (``request_id``); listAuditLogs shows every top-level key
+    in the REST style (``requestId``, as the request bodies' ``executorTimeoutSecs``); a wire message carried whole
+    (``body``) keeps its wire names."""
+    store.ensure_app(ORG, APP)
+    await ActivityEnvironment().run(RegistryActivities(store).write_audit, WriteAuditInput(
+        ORG, APP, "ex-1", "executor.recovery.dispatched", "ex-1/keys",
+        details={"candidate": "ex-2", "attempt": 2, "request_id": "r-1", "connection_id": "c-1",
+                 "body": {"gc_cutoff_epoch_ms": 1}}))
+    [entry] = await _audit(client, "executor.recovery.dispatched")
+    assert entry["details"] == {"candidate": "ex-2", "attempt": 2, "requestId": "r-1", "connectionId": "c-1",
+                                "body": {"gc_cutoff_epoch_ms": 1}, "executorId": "ex-1"}
+
+
 # -- the conversion itself -----------------------------------------------------------------------------------------
 
 
@@ -122,7 +137,7 @@ def test_every_app_setting_has_its_rest_name() -> None:
     rest_fields = set(schemas.PatchAppInputBody.model_fields) - {"schema_url"}
     assert set(units.APP_SETTING_REST_NAMES.values()) == rest_fields
     assert set(units.APP_SETTING_REST_NAMES) <= set(models.Application.model_fields)
-    body = {"executorTimeoutSecs": 61, "gcTimeThresholdMs": 1, "globalTimeoutMs": None, "gcRowsThreshold": 7,
+    body = {"executorTimeoutSecs": 61, "gcTimeThresholdMs": 1001, "globalTimeoutMs": None, "gcRowsThreshold": 7,
             "privateMode": True, "crossVersionRecovery": False}
     assert units.app_settings_to_rest(schemas.PatchAppInputBody.model_validate(body).changes()) == body
     with pytest.raises(KeyError):

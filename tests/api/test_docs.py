@@ -104,3 +104,25 @@ def test_assets_exist_in_the_installed_package() -> None:
 
     for name in ASSETS:
         assert (docs._STATIC / name).is_file(), name
+
+
+async def test_redoc_bundle_loads_nothing_from_another_host(client: httpx.AsyncClient) -> None:
+    """The packaged bundle shows its badge's logo from cdn.redoc.ly; the one served names no other host to load
+    from (an <img> src or a fetch of an absolute URL), and is otherwise the same bundle."""
+    from api.routes import docs
+
+    packaged = (docs._STATIC / "redoc.standalone.js").read_bytes()
+    assert b"https://cdn.redoc.ly/" in packaged  # what is taken out: still there in the package
+    served = await client.get("/docs/assets/redoc.standalone.js")
+    assert served.status_code == 200
+    assert b"cdn.redoc.ly" not in served.content
+    assert not re.search(rb'src\s*[:=]\s*"https?://', served.content)  # a link (href) loads nothing
+    assert len(packaged) - len(served.content) < 100  # only the URL went
+    again = await client.get("/docs/assets/redoc.standalone.js", headers={"If-None-Match": served.headers["etag"]})
+    assert again.status_code == 304 and again.content == b""
+
+
+async def test_the_root_leads_to_the_docs(client: httpx.AsyncClient) -> None:
+    response = await client.get("/")
+    assert response.status_code == 307
+    assert response.headers["location"] == f"{ROOT}/docs"

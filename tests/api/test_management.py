@@ -5,9 +5,11 @@ and the audit rows."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
+import traceback
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,12 +19,16 @@ from typing import Any, cast
 import httpx
 import pytest
 from dbos._conductor import protocol as p
+from dbos._error import DBOSNonExistentWorkflowError
 
 from api.routes.workflows import BulkLimiter
+from cli import admin
+from cli.main import parser as cli_parser
 from core.errors import ExecutorsFailedError, NoExecutorError
+from core.settings import Settings
 from core.store import Candidates
 from gateway.management import Answer, Management, Pick
-from tests.api.conftest import ORG, Api
+from tests.api.conftest import BASE_URL, ORG, Api
 from tests.api.test_compat import (
     ARRAY,
     BOOLEAN,
@@ -36,6 +42,7 @@ from tests.api.test_compat import (
     assert_problem,
     conformance_errors,
 )
+from tests.transports import LoopASGITransport
 
 APP = "mgmt-app"
 BASE = f"/v2/orgs/{ORG}/apps/{APP}"
@@ -539,6 +546,140 @@ async def test_unknown_app_and_foreign_keys(env: Env) -> None:
     async with env.api.anonymous() as anonymous:
         assert_problem(await anonymous.get(f"{BASE}/workflows"), 401)
     assert env.fake.sent == []
+
+
+# -- unknown workflow ids --------------------------------------------------------------------------------------------
+
+
+def dbos_error(context: str, workflow_id: str) -> str:
+    """An ``error_message`` as dbos 3.2.0 builds it (``_report_exception``): the context, then the whole traceback of
+    the ``DBOSNonExistentWorkflowError`` it raised."""
+    try:
+        raise DBOSNonExistentWorkflowError("target", workflow_id)
+    except DBOSNonExistentWorkflowError:
+        return f"{context}: {traceback.format_exc()}"
+
+
+def as_dbos_3_2_for(known: set[str]) -> dict[str, Reply]:
+    """What dbos 3.2.0 answers about workflows of which only ``known`` exist (``dbos/_conductor/conductor.py``):
+    nothing for an unknown id's steps, events, notifications and streams, null for ``get_workflow``, success for a
+    cancel or a delete, and a traceback for a resume, a fork or an export."""
+    def listing(f: Mapping[str, Any]) -> dict[str, Any]:
+        return {"output": [sdk_workflow(i) for i in f["body"].get("workflow_uuids") or [] if i in known]}
+
+    def either(found: Reply, unknown: Reply) -> Reply:
+        def reply(f: Mapping[str, Any]) -> dict[str, Any]:
+            ids = f.get("workflow_ids") or [f.get("workflow_id") or f.get("body", {}).get("workflow_id")]
+            return found(f) if set(ids) <= known else unknown(f)
+        return reply
+
+    def fails(context: str) -> Reply:
+        return lambda f: {"success": False, "error_message": dbos_error(context, str(f.get("workflow_id")))}
+
+    return {
+        "list_workflows": listing,
+        "get_workflow": either(PLAUSIBLE["get_workflow"], lambda f: {"output": None}),
+        "list_steps": either(PLAUSIBLE["list_steps"], lambda f: {"output": []}),
+        "get_workflow_events": either(PLAUSIBLE["get_workflow_events"], lambda f: {"events": []}),
+        "get_workflow_notifications": either(PLAUSIBLE["get_workflow_notifications"],
+                                             lambda f: {"notifications": []}),
+        "get_workflow_streams": either(PLAUSIBLE["get_workflow_streams"], lambda f: {"streams": []}),
+        "export_workflow": either(PLAUSIBLE["export_workflow"], lambda f: {
+            "serialized_workflow": None, "error_message": dbos_error("Exception encountered when exporting workflow",
+                                                                     str(f["workflow_id"]))}),
+        "cancel": lambda f: {"success": True},
+        "delete": lambda f: {"success": True},
+        "resume": either(PLAUSIBLE["resume"],
+                         fails("Exception encountered when resuming workflow(s) ['nosuch']")),
+        "fork_workflow": either(PLAUSIBLE["fork_workflow"], lambda f: {
+            "new_workflow_id": None, "error_message": dbos_error("Exception encountered when forking workflow nosuch",
+                                                                 "nosuch")}),
+    }
+
+
+UNKNOWN_ID_REQUESTS = [
+    ("GET", "/workflows/nosuch"), ("GET", "/workflows/nosuch/steps"), ("GET", "/workflows/nosuch/events"),
+    ("GET", "/workflows/nosuch/notifications"), ("GET", "/workflows/nosuch/streams"),
+    ("GET", "/workflows/nosuch/export"), ("POST", "/workflows/nosuch/cancel"), ("POST", "/workflows/nosuch/resume"),
+    ("DELETE", "/workflows/nosuch"), ("POST", "/workflows/nosuch/fork"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), UNKNOWN_ID_REQUESTS)
+async def test_an_unknown_workflow_id_is_a_404_everywhere(env: Env, method: str, path: str) -> None:
+    env.fake.replies.update(as_dbos_3_2_for({"w-1"}))
+    problem = assert_problem(await env.client.request(method, f"{BASE}{path}"), 404)
+    assert problem["detail"] == "workflow 'nosuch' not found"
+    if method != "GET":  # a mutation: only the look, nothing sent to change anything; audited as a failure
+        assert [s.kind for s in env.fake.sent] == ["list_workflows"]
+        assert env.fake.last.fields["body"]["workflow_uuids"] == ["nosuch"]
+        row = env.api.store.list_audit(ORG, app=APP, limit=1)[0]
+        assert row.status == "failure" and row.details is not None and "not found" in row.details["outcome"]
+
+
+async def test_a_known_workflow_with_nothing_to_list_is_an_empty_list(env: Env) -> None:
+    env.fake.replies.update(as_dbos_3_2_for({"w-1"}))
+    env.fake.replies["list_steps"] = lambda f: {"output": []}
+    assert (await env.client.get(f"{BASE}/workflows/w-1/steps")).json() == []
+    assert [s.kind for s in env.fake.sent] == ["list_steps", "list_workflows"]  # looked, and it exists
+    assert upstream(await env.client.get(f"{BASE}/workflows/w-1/events"), 200, "Event", listed=True)
+    assert (await env.client.post(f"{BASE}/workflows/w-1/cancel")).status_code == 204
+    assert [s.kind for s in env.fake.sent][-2:] == ["list_workflows", "cancel"]
+
+
+@pytest.mark.parametrize("argv", [["cancel", "nosuch"], ["steps", "nosuch"], ["resume", "nosuch"],
+                                  ["fork", "nosuch"], ["get", "nosuch"], ["delete", "nosuch", "w-1"]])
+async def test_the_cli_says_an_unknown_workflow_is_not_found(env: Env, monkeypatch: pytest.MonkeyPatch,
+                                                             capsys: pytest.CaptureFixture[str],
+                                                             argv: list[str]) -> None:
+    """`relay workflows ...` against this REST app: exit 1 with the problem's detail, never "cancelled nosuch" or
+    an empty table."""
+    env.fake.replies.update(as_dbos_3_2_for({"w-1"}))
+
+    loop = asyncio.get_running_loop()
+
+    def init(self: admin.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
+        self.url, self.org = url, org
+        self._client = httpx.Client(base_url=url, transport=LoopASGITransport(env.api.app, loop),
+                                    headers={"Authorization": f"Bearer {key}"})
+
+    monkeypatch.setattr(admin.Api, "__init__", init)
+    args = cli_parser().parse_args(["workflows", *argv, "--app", APP, "--url", BASE_URL, "--api-key", env.api.key])
+    with pytest.raises(SystemExit) as failed:
+        await asyncio.to_thread(admin.run, args, Settings())
+    assert failed.value.code == ("relay: 1 of the 2 workflows not found, so none was changed: 'nosuch'"
+                                 if len(argv) > 2 else "relay: workflow 'nosuch' not found")
+    assert capsys.readouterr().out == ""
+
+
+async def test_bulk_operations_naming_an_unknown_id_change_nothing(env: Env) -> None:
+    env.fake.replies.update(as_dbos_3_2_for({"a", "b"}))
+    for path in ("bulk-cancel", "bulk-resume", "bulk-delete", "bulk-fork-from-failure"):
+        env.fake.sent.clear()
+        problem = assert_problem(await env.client.post(f"{BASE}/workflows/{path}",
+                                                       json={"workflowIds": ["a", "nosuch", "b", "gone"]}), 404)
+        assert problem["detail"] == "2 of the 4 workflows not found, so none was changed: 'nosuch', 'gone'"
+        assert [s.kind for s in env.fake.sent] == ["list_workflows"]
+    assert (await env.client.post(f"{BASE}/workflows/bulk-cancel", json={"workflowIds": ["a", "b"]})).status_code \
+        == 204
+
+
+async def test_no_problem_carries_an_executors_traceback(env: Env, caplog: pytest.LogCaptureFixture) -> None:
+    """A known workflow whose resume fails on the executor: a 502 that quotes the exception, never the traceback,
+    which goes to the gateway's log."""
+    error = dbos_error("Exception encountered when resuming workflow(s) ['w-1']", "w-1")
+    env.fake.replies["resume"] = lambda f: {"success": False, "error_message": error}
+    env.fake.replies["export_workflow"] = lambda f: {"serialized_workflow": None, "error_message": error}
+    with caplog.at_level("WARNING", logger="relay.gateway"):
+        for response in [await env.client.post(f"{BASE}/workflows/w-1/resume"),
+                         await env.client.get(f"{BASE}/workflows/w-1/export")]:
+            detail = assert_problem(response, 502)["detail"]
+            assert "Traceback" not in detail and 'File "' not in detail, detail
+            assert detail.endswith("Exception encountered when resuming workflow(s) ['w-1']; dbos._error.DBOSNon"
+                                   "ExistentWorkflowError: DBOS Error 5: Non-existent target workflow ID: w-1"), detail
+    assert any("Traceback (most recent call last)" in r.getMessage() for r in caplog.records)
+    row = env.api.store.list_audit(ORG, app=APP, limit=1)[0]
+    assert row.details is not None and "Traceback" not in row.details["outcome"]
 
 
 # -- bulk ----------------------------------------------------------------------------------------------------------

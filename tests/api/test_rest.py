@@ -11,8 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from api.routes import apps as app_routes
+from core import metrics
 from core.store import Store
 from gateway.revocation import APP_DELETED_REASON, REVOKED_REASON
 from tests.api.conftest import Api
@@ -84,7 +86,7 @@ async def test_list_apps_shows_a_restricted_key_only_its_apps(api: Api) -> None:
 
 @pytest.mark.parametrize(("field", "value"), [
     ("executorTimeoutSecs", 60), ("executorTimeoutSecs", 1), ("executorTimeoutSecs", 604_800),
-    ("gcTimeThresholdMs", 3_600_000), ("gcTimeThresholdMs", 1), ("globalTimeoutMs", 86_400_000),
+    ("gcTimeThresholdMs", 3_600_000), ("gcTimeThresholdMs", 1000), ("globalTimeoutMs", 86_400_000),
     ("gcRowsThreshold", 5), ("executorTimeoutSecs", 90.0),
 ])
 async def test_patch_units_round_trip(api: Api, field: str, value: int) -> None:
@@ -105,11 +107,65 @@ async def test_patch_null_clears_a_retention_setting(api: Api) -> None:
     assert body.items() >= {**cleared, "executorTimeoutSecs": 7}.items()  # untouched fields stay
 
 
+@pytest.mark.parametrize(("field", "value", "detail"), [
+    ("gcTimeThresholdMs", 7, "body.gcTimeThresholdMs: 7 ms — did you mean 7 s (7000) or 7 days (604800000)? "
+                             "gcTimeThresholdMs is in milliseconds, at least 1000 (1 s); null clears it"),
+    ("globalTimeoutMs", 999, "body.globalTimeoutMs: 999 ms — did you mean 999 s (999000) or 999 days "
+                             "(86313600000)? globalTimeoutMs is in milliseconds, at least 1000 (1 s); null clears it"),
+    ("gcTimeThresholdMs", 0, "body.gcTimeThresholdMs: 0 ms: gcTimeThresholdMs is in milliseconds, at least 1000 "
+                             "(1 s); null clears it"),
+])
+async def test_a_threshold_under_a_second_is_refused_naming_the_unit(api: Api, field: str, value: int,
+                                                                     detail: str) -> None:
+    """Issue 24: ``{"gcTimeThresholdMs": 7}`` was taken, and the next retention round deleted every finished
+    workflow. The 422's detail reads the value back in the units it was likely meant in."""
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/slip-app")
+        await client.patch(f"{ORG}/apps/slip-app", json={field: 604_800_000})
+        body = assert_problem(await client.patch(f"{ORG}/apps/slip-app", json={field: value}), 422)
+        assert body["detail"] == detail
+        assert body["errors"][0]["location"] == f"body.{field}" and body["errors"][0]["value"] == value
+        assert (await client.get(f"{ORG}/apps/slip-app")).json()[field] == 604_800_000  # nothing changed
+
+
+def _deep(depth: int) -> str:
+    """JSON text nested ``depth`` deep: objects and arrays in turn."""
+    return '{"k": [' * (depth // 2) + "1" + "]}" * (depth // 2)
+
+
+DEEP_BODIES = [  # (method, path under the org, body with a free-form or typed spot nested deep)
+    ("PATCH", "/apps/deep-app", '{"gcTimeThresholdMs": %s}'),
+    ("PUT", "/apps/deep-app", '{"privateMode": %s}'),
+    ("POST", "/tokens/deep-token", '{"appNames": %s}'),
+    ("POST", "/apps/deep-app/alerting-rules", '{"ruleType": "SlowQueue", "ruleMetadata": {"x": %s}}'),
+    ("POST", "/apps/deep-app/workflows/search", '{"attributes": {"x": %s}}'),
+    ("POST", "/apps/deep-app/workflows/aggregates", '{"groupByStatus": true, "selectCount": true, "attributes": %s}'),
+    ("POST", "/apps/deep-app/workflows/w-1/cancel", '{"cancelChildren": %s}'),
+    ("POST", "/apps/deep-app/workflows/bulk-cancel", '{"workflowIds": %s}'),
+    ("PUT", "/apps/deep-app/recovery-pause", '{"expiresInSecs": 60, "reason": %s}'),
+]
+
+
+@pytest.mark.parametrize("depth", [300, 600, 900])
+@pytest.mark.parametrize(("method", "path", "body"), DEEP_BODIES, ids=[f"{m} {p}" for m, p, _ in DEEP_BODIES])
+async def test_a_body_nested_hundreds_deep_is_a_422_never_a_500(api: Api, method: str, path: str, body: str,
+                                                                depth: int) -> None:
+    """Issue 24: 300, 600 and 900 levels answered 500 (a RecursionError) where a free-form value was kept or
+    forwarded; every body is bounded in depth as in size (``core.nesting``), and nothing reaches an executor."""
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/deep-app")
+        response = await client.request(method, f"{ORG}{path}", content=body % _deep(depth),
+                                        headers={"Content-Type": "application/json"})
+    problem = assert_problem(response, 422)
+    assert problem["errors"] and len(response.content) < 4096, problem
+
+
 @pytest.mark.parametrize("payload", [
     {"executorTimeoutSecs": 0}, {"executorTimeoutSecs": 604_801}, {"executorTimeoutSecs": "60"},
     {"executorTimeoutSecs": True}, {"executorTimeoutSecs": None}, {"executorTimeoutSecs": 1.5},
     {"gcRowsThreshold": 0}, {"gcRowsThreshold": -5}, {"gcRowsThreshold": 2**53}, {"gcTimeThresholdMs": -1},
     {"gcTimeThresholdMs": 0}, {"globalTimeoutMs": 0}, {"globalTimeoutMs": 1.5}, {"gcTimeThresholdMs": 10**30},
+    {"gcTimeThresholdMs": 1}, {"globalTimeoutMs": 999}, {"gcTimeThresholdMs": -10**30},
     {"globalTimeoutMs": "1000"}, {"privateMode": "yes"}, {"privateMode": None}, {"unknownField": 1},
     {"$schema": None}, [], "text", None,
 ])
@@ -130,8 +186,6 @@ async def test_patch_rejects_bad_input_with_a_problem(api: Api, payload: Any) ->
     (b'{"executorTimeoutSecs": ', "application/json"),
     (b'{"privateMode": "\xff\xfe"}', "application/json"),
     (b"[" * 100_000 + b"]" * 100_000, "application/json"),
-    (b"\x00\x01", "application/octet-stream"),
-    (b"executorTimeoutSecs=5", "application/x-www-form-urlencoded"),
 ])
 async def test_malformed_bodies_are_4xx_problems(api: Api, content: bytes, content_type: str) -> None:
     async with api.client() as client:
@@ -140,6 +194,44 @@ async def test_malformed_bodies_are_4xx_problems(api: Api, content: bytes, conte
                                       headers={"Content-Type": content_type})
     assert response.status_code in (400, 422), response.text
     assert_problem(response, response.status_code)
+
+
+# Every operation that takes a body, from the spec, with its path parameters filled in.
+JSON_BODY_OPERATIONS = [(method.upper(), path) for path, item in json.loads(SPEC.read_text())["paths"].items()
+                        for method, operation in item.items() if "requestBody" in operation]
+PATH_VALUES = {"orgName": "local", "appName": "media-app", "executorId": "ex-1", "scheduleName": "nightly",
+               "workflowId": "wf-1", "tokenName": "media-token"}
+
+
+@pytest.mark.parametrize(("method", "path"), JSON_BODY_OPERATIONS)
+@pytest.mark.parametrize(("content", "content_type"), [
+    (b'{"ruleType": "SlowQueue"}', "application/x-www-form-urlencoded"),  # what `curl -d` sends
+    (b"executorTimeoutSecs=5", "application/x-www-form-urlencoded"),
+    (b"\x00\x01", "application/octet-stream"),
+    (b'{"expiresInSecs": 60}', "text/plain"),
+    (b'{"expiresInSecs": 60}', None),
+])
+async def test_a_body_that_is_not_sent_as_json_is_415(api: Api, method: str, path: str, content: bytes,
+                                                      content_type: str | None) -> None:
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/media-app")
+        headers = {} if content_type is None else {"Content-Type": content_type}
+        response = await client.request(method, path.format(**PATH_VALUES), content=content, headers=headers)
+    body = assert_problem(response, 415)
+    assert "Content-Type: application/json" in body["detail"], body
+    assert (f"{content_type!r} was sent" if content_type else "no Content-Type was sent") in body["detail"], body
+
+
+async def test_json_with_parameters_or_a_json_suffix_is_json(api: Api) -> None:
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/media-suffix-app")
+        for content_type in ("application/json; charset=utf-8", "application/merge-patch+json"):
+            response = await client.patch(f"{ORG}/apps/media-suffix-app", content=b'{"executorTimeoutSecs": 7}',
+                                          headers={"Content-Type": content_type})
+            assert response.status_code == 204, (content_type, response.text)
+        # No body at all is no body, whatever the header says: registerApp's body is optional.
+        empty = await client.put(f"{ORG}/apps/media-suffix-app", headers={"Content-Type": "text/plain"})
+        assert empty.status_code == 204, empty.text
 
 
 async def test_put_rejects_bad_bodies(api: Api) -> None:
@@ -392,6 +484,11 @@ async def test_readyz_is_503_with_the_reason_while_temporal_is_out_of_contact(ap
     assert "Temporal unreachable" in body["detail"] and "connection refused" in body["detail"]
 
 
+def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
 async def test_metrics_count_executors_of_the_callers_org_and_this_gateways_sockets(api: Api) -> None:
     app = "metered-app"
     async with api.client() as client:
@@ -399,9 +496,38 @@ async def test_metrics_count_executors_of_the_callers_org_and_this_gateways_sock
         api.record(app, "metered-1")
         api.connect(app, "metered-1")
         text = (await client.get("/metrics")).text
-    assert f'relay_executors{{org="local",app="{app}",status="HEALTHY"}} 1' in text
-    assert f"relay_gateway_connections {len(api.gateway.hub)}" in text
+    samples = _samples(text)
+    assert samples[("relay_executors", frozenset({"org": "local", "app": app, "status": "HEALTHY"}.items()))] == 1
+    assert samples[("relay_gateway_connections", frozenset())] == len(api.gateway.hub)
     async with api.anonymous() as anonymous:
         assert (await anonymous.get("/metrics")).status_code == 401
     async with api.client(api.new_key(org="elsewhere")) as other:
         assert 'org="local"' not in (await other.get("/metrics")).text
+
+
+async def test_metrics_of_an_app_restricted_key_are_of_its_apps_only(api: Api) -> None:
+    async with api.client() as client:
+        for app in ("scoped-mine", "scoped-other"):
+            await client.put(f"{ORG}/apps/{app}")
+    metrics.RECOVERIES.labels("local", "scoped-mine", "succeeded").inc()
+    metrics.RECOVERIES.labels("local", "scoped-other", "succeeded").inc()
+    async with api.client(api.new_key(apps=["scoped-mine"])) as restricted:
+        text = (await restricted.get("/metrics")).text
+    apps = {dict(labels).get("app") for _, labels in _samples(text)} - {None}
+    assert apps == {"scoped-mine"}, text
+    assert ("relay_recoveries_total", frozenset({"org": "local", "app": "scoped-mine", "outcome": "succeeded"}
+                                                .items())) in _samples(text)
+    async with api.client() as client:  # an org-wide key sees both
+        assert {"scoped-mine", "scoped-other"} <= {dict(labels).get("app")
+                                                   for _, labels in _samples((await client.get("/metrics")).text)}
+
+
+async def test_metrics_have_the_listeners_names_and_no_created_series(api: Api) -> None:
+    async with api.client() as client:
+        response = await client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    served = {family.name for family in text_string_to_metric_families(response.text)}
+    listener = {family.name for family in metrics.registry_with(api.store.engine).collect()}
+    assert served == listener, served ^ listener
+    assert {"relay_executors", "relay_gateway_connections", "relay_recoveries", "process_cpu_seconds"} <= served
+    assert "_created" not in response.text

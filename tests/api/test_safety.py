@@ -162,3 +162,55 @@ async def test_an_app_deleted_and_registered_again_has_no_drain_or_pause_left(ap
         assert (await client.put(f"{ORG}/apps/{app}")).status_code == 204
         assert (await client.get(f"{ORG}/apps/{app}/drains")).json() == []
         assert_problem(await client.get(f"{ORG}/apps/{app}/recovery-pause"), 404)
+
+
+async def test_a_drained_only_executor_is_named_in_the_503_with_how_to_end_the_drain(api: Api) -> None:
+    """Issue 24: "no HEALTHY executor of app ... is connected" when the only one is connected and drained."""
+    app = "drained-only"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        api.record(app, "ex-1")
+        await client.put(f"{ORG}/apps/{app}/executors/ex-1/drain", json={"expiresInSecs": 600})
+        problem = assert_problem(await client.get(f"{ORG}/apps/{app}/workflows"), 503)
+        assert problem["detail"] == (
+            "the only HEALTHY executor of app 'drained-only' (ex-1) is connected but drained, and a drained executor "
+            "carries no operator's request: end the drain with `relay drain clear ex-1 --app drained-only`")
+        api.record(app, "ex-2")
+        await client.put(f"{ORG}/apps/{app}/executors/ex-2/drain", json={"expiresInSecs": 600})
+        detail = assert_problem(await client.get(f"{ORG}/apps/{app}/workflows"), 503)["detail"]
+        assert detail.startswith("all 2 HEALTHY executors of app 'drained-only' (ex-1, ex-2) are connected but "
+                                 "drained") and "relay drain clear ex-1 --app drained-only" in detail
+        for executor_id in ("ex-1", "ex-2"):
+            await client.delete(f"{ORG}/apps/{app}/executors/{executor_id}/drain")
+        api.store.delete_executor(org="local", app=app, executor_id="ex-1", event_key="gone-1", details={})
+        api.store.delete_executor(org="local", app=app, executor_id="ex-2", event_key="gone-2", details={})
+        detail = assert_problem(await client.get(f"{ORG}/apps/{app}/workflows"), 503)["detail"]
+        assert detail == "no HEALTHY executor of app 'drained-only' is connected"  # none at all: as before
+
+
+async def test_recovery_status_shows_recoveries_blocked_for_lack_of_a_peer(api: Api) -> None:
+    """Issue 24: "waiting: 0" while a DEAD executor's recovery was blocked. Blocked is what the lifecycle recorded
+    last since the death (``executor.recovery.blocked``); a later step (dispatched) ends it."""
+    app = "blocked-status"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        api.record(app, "peer", version="v1")
+        api.record(app, "dead-1", ExecutorStatus.DEAD, version="v1")
+        api.record(app, "dead-2", ExecutorStatus.DEAD, version="v2")
+        await client.put(f"{ORG}/apps/{app}/executors/peer/drain", json={"expiresInSecs": 600})
+        for dead in ("dead-1", "dead-2"):
+            api.store.write_audit(org="local", app=app, executor_id=dead, operation="executor.recovery.blocked",
+                                  status="failure", details={"reason": "no HEALTHY executor of version 'v?'"})
+        status = (await client.get(f"{ORG}/apps/{app}/recovery")).json()
+        assert status["waiting"] == []
+        blocked = {b["executorId"]: b for b in status["blocked"]}
+        assert set(blocked) == {"dead-1", "dead-2"}
+        assert (blocked["dead-1"]["appVersion"], blocked["dead-1"]["drainedPeers"]) == ("v1", ["peer"])
+        assert blocked["dead-2"]["drainedPeers"] == [] and "no HEALTHY executor" in blocked["dead-2"]["reason"]
+        api.store.write_audit(org="local", app=app, executor_id="dead-1", operation="executor.recovery.dispatched",
+                              details={"candidate": "peer"})
+        status = (await client.get(f"{ORG}/apps/{app}/recovery")).json()
+        assert [b["executorId"] for b in status["blocked"]] == ["dead-2"]
+        api.record(app, "dead-2", ExecutorStatus.HEALTHY, version="v2")  # back: nothing is blocked any more
+        api.record(app, "dead-2", ExecutorStatus.DEAD, version="v2")  # and dead again: a death of its own
+        assert (await client.get(f"{ORG}/apps/{app}/recovery")).json()["blocked"] == []

@@ -1,7 +1,9 @@
 """What a person sees, in a real browser: Debian's headless Chromium (tests/browser.py, over the DevTools protocol,
 offline: no host name but 127.0.0.1 resolves) looks at the session's `relay dev`.
 
-- ``/docs`` renders Swagger UI from the gateway's own assets and lists every operation of Relay's OpenAPI document.
+- ``/docs`` renders Swagger UI from the gateway's own assets and lists every operation of Relay's OpenAPI document;
+  ``/redoc`` renders ReDoc so too. Neither page asks any other host for anything (ReDoc's bundle, as packaged,
+  fetches its badge's logo from a CDN).
 - The Temporal UI's page of a recovered executor's lifecycle workflow shows the grace timer, the recovery
   dispatched to the peer and its confirmation: two real ``dbos==3.2.0`` executors, one SIGKILLed, a 2 s grace.
 
@@ -55,6 +57,32 @@ def test_docs_lists_relays_operations_offline(relay: Relay, page: Page) -> None:
     assert "Unable to render" not in text and "Failed to load" not in text
     # Everything it loaded came from the gateway: nothing from a CDN (which could not resolve here anyway).
     assert {urlsplit(url).netloc for url in page.resources()} == {urlsplit(relay.url).netloc}, page.resources()
+    assert _hosts(page.requests()) == {urlsplit(relay.url).netloc}, page.requests()
+
+
+def _hosts(urls: list[str]) -> set[str]:
+    """The hosts of the URLs a page asked for over the network (``data:`` and ``blob:`` URLs are in the page)."""
+    return {urlsplit(url).netloc for url in urls if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
+
+
+def test_redoc_lists_relays_operations_and_loads_nothing_from_elsewhere(relay: Relay, page: Page) -> None:
+    spec = httpx.get(f"{relay.url}/openapi.json", timeout=10).json()
+    operation_ids = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
+    asked_before = len(page.requests())
+    page.navigate(f"{relay.url}/redoc")
+    try:
+        # ReDoc gives each operation's section the id "tag/<tag>/operation/<operationId>".
+        page.wait_for("document.querySelectorAll('[id*=\"/operation/\"]').length >= "
+                      f"{len(operation_ids)}", timeout=30, what="ReDoc's operations")
+    finally:
+        print(f"\nscreenshot: {page.screenshot(ARTIFACTS / 'redoc.png')}")
+    rendered = {i.rsplit("/", 1)[1] for i in page.evaluate(
+        "[...document.querySelectorAll('[id*=\"/operation/\"]')].map(e => e.id)")}
+    assert operation_ids <= rendered, operation_ids - rendered
+    assert "API docs by Redocly" in page.text()  # the badge is there, its logo (from a CDN) is not
+    asked = page.requests()[asked_before:]
+    assert any(url.endswith("/docs/assets/redoc.standalone.js") for url in asked), asked
+    assert _hosts(asked) == {urlsplit(relay.url).netloc}, asked
 
 
 def test_temporal_ui_shows_an_executors_recovery(relay: Relay, page: Page, tmp_path: Path) -> None:

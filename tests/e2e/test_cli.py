@@ -62,15 +62,22 @@ def test_register_and_update_in_human_durations_and_dbos_ctl_flags(relay: Relay)
     assert (stored["executorTimeoutSecs"], stored["gcTimeThresholdMs"], stored["globalTimeoutMs"],
             stored["gcRowsThreshold"]) == (90, 604_800_000, 43_200_000, 500)
 
-    relay_cli(relay, "apps", "update", app, "--executor-timeout-secs", "5", "--gc-time-threshold-ms", "1500",
-              "--global-timeout-ms", "250", key=relay.key)
+    # Under an hour deletes (cancels) most workflows at the next round: asked for, and with no terminal refused
+    # unless --yes; under a second refused by the REST API, which reads the value back (issue 24).
+    short = ["--executor-timeout-secs", "5", "--gc-time-threshold-ms", "1500", "--global-timeout-ms", "2500"]
+    refused = relay_cli(relay, "apps", "update", app, *short, key=relay.key, rc=1).stderr
+    assert "--gc-time-threshold 1s500ms is under 1h" in refused and "pass --yes" in refused
+    slip = relay_cli(relay, "apps", "update", app, "--gc-time-threshold-ms", "7", key=relay.key, rc=1).stderr
+    assert "7 ms — did you mean 7 s (7000) or 7 days (604800000)?" in slip
+    assert rest_app(relay, app)["gcTimeThresholdMs"] == 604_800_000
+    relay_cli(relay, "apps", "update", app, *short, "--yes", key=relay.key)
     stored = rest_app(relay, app)
-    assert (stored["executorTimeoutSecs"], stored["gcTimeThresholdMs"], stored["globalTimeoutMs"]) == (5, 1500, 250)
+    assert (stored["executorTimeoutSecs"], stored["gcTimeThresholdMs"], stored["globalTimeoutMs"]) == (5, 1500, 2500)
 
     relay_cli(relay, "apps", "update", app, "--gc-time-threshold", "none", "--private-mode", key=relay.key)
     stored = rest_app(relay, app)
     assert stored["gcTimeThresholdMs"] is None and stored["privateMode"] is True
-    assert stored["executorTimeoutSecs"] == 5 and stored["globalTimeoutMs"] == 250  # left out: unchanged
+    assert stored["executorTimeoutSecs"] == 5 and stored["globalTimeoutMs"] == 2500  # left out: unchanged
 
 
 def test_tables_for_people(relay: Relay) -> None:

@@ -33,8 +33,8 @@ def skewed(tmp_path: Path) -> Iterator[tuple[Relay, Path]]:
     temporal, address = start_temporal(tmp_path)
     env = relay_env(tmp_path, RELAY_TEMPORAL_ADDRESS=address, LD_PRELOAD=LIBFAKETIME[0],
                     FAKETIME_TIMESTAMP_FILE=str(offset), FAKETIME_NO_CACHE="1", FAKETIME_DONT_FAKE_MONOTONIC="1")
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True, timeout=60).stdout.strip()
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
     worker = Process([str(VENV_BIN / "relay"), "worker"], env=env, log=tmp_path / "worker.log")
     gateway = Process([str(VENV_BIN / "relay"), "gateway"], env=env, log=tmp_path / "gateway.log")
     relay = Relay(gateway, f"http://127.0.0.1:{env['RELAY_PORT']}", f"ws://127.0.0.1:{env['RELAY_PORT']}/", key,

@@ -77,8 +77,8 @@ def _gateway(env: dict[str, str], data_dir: Path, key: str, log: str, *, identit
 
 def test_killed_gateway_disconnects_its_executors(cluster: tuple[dict[str, str], Process], tmp_path: Path) -> None:
     env, _worker = cluster
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True, timeout=60).stdout.strip()
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
     first = _gateway(env, tmp_path, key, "gateway-1.log")
     client: RawClient | None = None
     try:
@@ -110,8 +110,8 @@ def test_peer_gateway_killed_mid_recovery_moves_on_to_a_peer_elsewhere(
     """The recovery request is on its way through the peer's gateway when that gateway is SIGKILLed: the
     socket-bound activity's heartbeat timeout fails the attempt, and a peer on another gateway recovers."""
     env, _worker = cluster
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True, timeout=60).stdout.strip()
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
     app = "two-gateways"
     first = _gateway(env, tmp_path, key, "gateway-1.log", identity="first")
     second = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-2.log", identity="second")
@@ -156,8 +156,8 @@ def test_gateway_killed_for_good_its_executor_is_dead_and_recovered_on_time(
     disconnect, and the recovery request (by the peer, once) and the deletion follow at once."""
     env, _worker = cluster
     address, app, grace = env["RELAY_TEMPORAL_ADDRESS"], "gone-gateway", 4
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True, timeout=60).stdout.strip()
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
     doomed = _gateway(env, tmp_path, key, "gateway-doomed.log", identity="doomed")
     survivor = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-survivor.log",
                         identity="survivor")
@@ -252,8 +252,8 @@ def test_a_restarted_gateway_makes_its_predecessor_gone_and_a_stopped_one_retire
     """SIGKILLed and started again on the same port and data dir (the same identity): the new process records the
     old one gone at once. Then SIGTERM: it records itself retired, and its watch ends without probing it."""
     env, _worker = cluster
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=env, check=True, capture_output=True,
-                         text=True, timeout=60).stdout.strip()
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
     first = _gateway(env, tmp_path, key, "gateway-1.log")
     try:
         [(first_queue, identity, gone)] = _gateway_rows(tmp_path)

@@ -294,3 +294,8 @@ def test_the_cli_lists_gets_and_cancels_through_a_real_executor(relay: Relay, ap
     assert "serial" in queues
     missing = relay_cli(relay, "workflows", "get", "no-such", "--app", name, key=relay.key, rc=1)
     assert "no-such" in missing.stderr
+    # An unknown id is "not found" whatever dbos 3.2.0 answers for it: success for a cancel, no steps, a traceback
+    # for a resume or a fork (issue 24).
+    for argv in (["cancel", "no-such"], ["steps", "no-such"], ["resume", "no-such"], ["fork", "no-such"]):
+        refused = relay_cli(relay, "workflows", *argv, "--app", name, key=relay.key, rc=1)
+        assert (refused.stdout, refused.stderr) == ("", "relay: workflow 'no-such' not found\n"), argv

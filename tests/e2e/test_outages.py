@@ -289,7 +289,7 @@ class Cluster:
                              RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_SECS),
                              RELAY_GATEWAY_FENCE_SECS=str(FENCE_SECS),
                              RELAY_RECOVERY_TIMEOUT_SECS=str(RECOVERY_TIMEOUT_SECS))
-        self.key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=self.env, check=True,
+        self.key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=self.env, check=True,
                                   capture_output=True, text=True, timeout=60).stdout.strip()
         self.processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=self.env,
                                       log=self.tmp / "worker.log"))

@@ -115,7 +115,7 @@ class Cluster:
 
     def create_key(self) -> None:
         """A key for org ``local``, made on the database (which this creates, with Relay's tables)."""
-        self.key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create"], env=self.env, check=True,
+        self.key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=self.env, check=True,
                                   capture_output=True, text=True, timeout=60).stdout.strip()
 
     def kill(self, *names: str) -> float:

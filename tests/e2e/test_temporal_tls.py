@@ -143,7 +143,7 @@ def _secrets(pki: Pki) -> list[str]:
 def test_gateway_and_worker_start_through_mtls_and_recover_a_dbos_workflow(secured: Secured, tmp_path: Path) -> None:
     env = tls_env(secured, tmp_path)
     relay = str(VENV_BIN / "relay")
-    key = subprocess.run([relay, "keys", "create"], env=env, check=True, capture_output=True, text=True,
+    key = subprocess.run([relay, "keys", "create", "--init"], env=env, check=True, capture_output=True, text=True,
                          timeout=60).stdout.strip()
     url, ws_url = f"http://127.0.0.1:{env['RELAY_PORT']}", f"ws://127.0.0.1:{env['RELAY_PORT']}/"
     started = time.monotonic()

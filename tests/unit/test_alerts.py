@@ -286,6 +286,16 @@ def test_cli_rules_table() -> None:
     assert "r1" in text and '{"minFailures": 2}' in text and "never" in text
 
 
+def test_cli_rules_table_names_the_receiving_app_and_shows_times_as_every_table() -> None:
+    text = rules_table([{"id": "r2", "ruleType": "SlowQueue", "ruleMetadata": {"thresholdSecs": 120},
+                         "minIntervalSecs": 900, "receivingAppId": "app-id-7", "receivingAppName": "ops",
+                         "lastFiredAt": "2026-11-30T12:00:00.5+02:00"}])
+    header, row = text.splitlines()
+    assert "RECEIVING APP" in header and "RECEIVING APP ID" not in header
+    assert row.split()[-4:] == ["15m", "ops", "2026-11-30", "10:00:00.500Z"], row
+    assert "app-id-7" not in row
+
+
 # -- what is asked of an executor, and what its answer means -----------------------------------------------------
 
 

@@ -17,6 +17,13 @@ from cli.main import parser
 from core.settings import Settings
 
 SYSTEM = {"type": "system", "id": "system", "display": "Relay"}
+TERMINAL_WIDTH = tables.terminal_width
+
+
+@pytest.fixture(autouse=True)
+def no_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What is printed does not depend on the terminal the tests run in: none, unless a test gives a width."""
+    monkeypatch.setattr(tables, "terminal_width", lambda: None)
 
 
 def _entry(operation: str, *, when: str = "2026-11-30T12:00:00.123000Z", target: str = "orders",
@@ -185,3 +192,97 @@ def test_executor_timeout_help_offers_only_whole_seconds(capsys: pytest.CaptureF
         parser().parse_args(["apps", "update", "orders", "--executor-timeout", "soon"])
     error = capsys.readouterr().err
     assert "invalid duration 'soon'" in error and "500ms" not in error
+
+
+# -- a mistyped command, choice or option -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["wokflows", "list"], "invalid choice: 'wokflows'"),
+    (["workflows", "lsit"], "invalid choice: 'lsit'"),
+    (["workflows", "list", "orders", "--stauts", "SUCCESS"], "unrecognized arguments: --stauts"),
+    (["apps", "list", "-o", "jsno"], "invalid choice: 'jsno'"),
+])
+def test_a_mistyped_word_gets_did_you_mean(capsys: pytest.CaptureFixture[str], argv: list[str], said: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parser().parse_args(argv)
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    meant = {"wokflows": "workflows", "lsit": "list", "--stauts": "--status", "jsno": "json"}
+    typo = next(word for word in argv if word in meant)
+    assert said in error and f"did you mean {meant[typo]}?" in error, error
+    if typo == "--stauts":  # said by the command it was typed for, whose options it knows
+        assert "relay workflows list: error:" in error, error
+
+
+def test_a_word_like_nothing_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parser().parse_args(["apps", "list", "--zzzzzz"])
+    error = capsys.readouterr().err
+    assert "unrecognized arguments: --zzzzzz" in error and "did you mean" not in error
+
+
+@pytest.mark.parametrize("argv", [["executors", "list", "orders"], ["executors", "list", "--app", "orders"]])
+def test_executors_list_takes_the_app_either_way(argv: list[str]) -> None:
+    assert parser().parse_args(argv).app == "orders"
+
+
+# -- the audit table in a terminal: its width ---------------------------------------------------------------------
+
+
+RECOVERY = _entry("executor.recovery.failed", target="a-thirty-character-app-name-x", details={
+    "candidate": "ex-2", "reason": "the peer did not answer within the recovery timeout " * 3, "request_id": "r-1",
+    "attempt": 12, "outcome": "retrying", "executorId": "ex-1"})
+
+
+@pytest.mark.parametrize("width", [80, 100, 120, 140, 150, 160, 240])
+def test_the_audit_table_fits_the_terminal_and_keeps_attempt_and_outcome(width: int) -> None:
+    for lines in (tables.audit_table([RECOVERY, *ENTRIES], width=width).splitlines(),
+                  [*tables.audit_line(None, width=width).splitlines(),
+                   *tables.audit_line(RECOVERY, width=width).splitlines()]):
+        assert all(len(line) <= width for line in lines), [len(line) for line in lines]
+        rows = [line for line in lines if not line.startswith(tables.INDENT)]
+        _assert_aligned_to(rows)
+        [at] = [n for n, line in enumerate(lines) if "attempt=12" in line]
+        # From 160 columns each entry is one line; in 120 or fewer its details go on the next, indented.
+        if width >= 160 or width <= 120:
+            assert lines[at].startswith(tables.INDENT) == (width <= 120), lines
+        assert "executorId=ex-1 attempt=12 outcome=retrying " in lines[at], lines
+    if width >= 240:  # wide enough for every column whole
+        assert "application:a-thirty-character-app-name-x" in tables.audit_table([RECOVERY], width=width)
+
+
+def _assert_aligned_to(rows: list[str]) -> None:
+    """Every row has a cell starting where each of the header's columns starts, after at least two spaces."""
+    header = rows[0]
+    starts = [header.index(h) for h in [*tables._AUDIT_HEADERS, "DETAILS"] if h in header]
+    for line in rows[1:]:
+        for start in starts[1:]:
+            assert line[start - 2:start] == "  " and line[start] != " ", (start, line)
+
+
+def test_the_audit_table_into_a_pipe_is_not_cut_to_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert TERMINAL_WIDTH() is None  # pytest captures stdout: no terminal
+    assert len(tables.audit_table([RECOVERY]).splitlines()[1]) > 200  # the details whole, to DETAILS_WIDTH
+    monkeypatch.setenv("COLUMNS", "130")
+    assert TERMINAL_WIDTH() == 130
+    monkeypatch.setattr(tables, "terminal_width", TERMINAL_WIDTH)
+    assert all(len(line) <= 130 for line in tables.audit_table([RECOVERY]).splitlines())
+
+
+def test_a_summary_cut_short_never_cuts_the_kept_keys() -> None:
+    details = {"reason": "x" * 200, "outcome": "failed", "attempt": 3, "executorId": "ex-9"}
+    assert tables.summarize(details, width=50) == "executorId=ex-9 attempt=3 outcome=failed reason=x…"
+    assert tables.summarize(details, width=10) == "executorId=ex-9 attempt=3 outcome=failed …"
+    assert tables.summarize({"attempt": 3}, width=5) == "attempt=3"
+
+
+def test_every_table_shows_times_to_the_millisecond() -> None:
+    executor = {"executorId": "ex-1", "status": "HEALTHY", "appVersion": "v1", "hostname": "h", "language": "python",
+                "dbosVersion": "3.2.0", "createdAt": "2026-11-30T12:00:00Z", "updatedAt": "2026-11-30T12:00:01.25Z"}
+    row = tables.executors_table([executor]).splitlines()[1].split()
+    assert row[-4:] == ["2026-11-30", "12:00:00.000Z", "2026-11-30", "12:00:01.250Z"], row
+    token: dict[str, Any] = {"tokenName": "ci", "createdAt": "2026-11-30T14:00:00.5+02:00", "appNames": None,
+                             "appIds": [], "permissions": []}
+    assert tables.tokens_table([token]).splitlines()[1].split()[1:3] == ["2026-11-30", "12:00:00.500Z"]

@@ -120,7 +120,7 @@ def test_list_is_list_workflows_with_a_table_and_human_times(relay: Callable[[Fa
     assert fake.requests == [("GET", f"{APP}/workflows", {"limit": "10"}, None)]
     header, row = out.splitlines()
     assert header.split("  ")[0] == "WORKFLOW ID" and "CREATED" in header and "UPDATED" in header
-    assert row.split() == ["wf-1", "PENDING", "checkout", "payments", "v7", "ex-1", "2026-11-30", "21:40:05Z",
+    assert row.split() == ["wf-1", "PENDING", "checkout", "payments", "v7", "ex-1", "2026-11-30", "21:40:05.000Z",
                            "(3m", "ago)", "2m", "ago"]
     assert row.index("PENDING") == header.index("STATUS")  # aligned
     assert err == ""
@@ -185,14 +185,14 @@ def test_get_shows_every_field(relay: Callable[[FakeApi], Run]) -> None:
     fake = FakeApi({("GET", f"{APP}/workflows/wf-1"): ok(WORKFLOW),
                     ("GET", f"{APP}/workflows/wf-2"): ok({**WORKFLOW, "deadline": "2026-11-30T23:45:00Z"})})
     out, _ = relay(fake)("workflows", "get", "wf-2", "--app", "orders")
-    assert "deadline:" in out and "2026-11-30 23:45:00Z (in 2h)" in out
+    assert "deadline:" in out and "2026-11-30 23:45:00.000Z (in 2h)" in out
     fake.requests.clear()
     out, _ = relay(fake)("workflows", "get", "wf-1", "--app", "orders")
     lines = out.splitlines()
     assert [line.split(":")[0] for line in lines[:3]] == ["workflow id", "status", "workflow name"]
     assert len(lines) == len(WORKFLOW)
     card = {line.split(":", 1)[0]: line.split(":", 1)[1].strip() for line in lines}
-    assert card["created at"] == "2026-11-30 21:40:05Z (3m ago)"
+    assert card["created at"] == "2026-11-30 21:40:05.000Z (3m ago)"
     assert card["timeout"] == "1m30s" and card["completed at"] == "-" and card["was forked from"] == "false"
     assert fake.requests == [("GET", f"{APP}/workflows/wf-1", {}, None)]
     out, _ = relay(fake)("workflows", "get", "wf-1", "--app", "orders", "-o", "json")
@@ -211,7 +211,7 @@ def test_steps_table(relay: Callable[[FakeApi], Run]) -> None:
     assert fake.requests == [("GET", f"{APP}/workflows/wf-1/steps", {"limit": "2", "offset": "1"}, None)]
     header, first, second = out.splitlines()
     assert header.split() == ["STEP", "NAME", "STARTED", "DURATION", "CHILD", "WORKFLOW", "OUTPUT"]
-    assert first.split() == ["1", "reserve", "2026-11-30", "21:40:05Z", "(3m", "ago)", "1s500ms", "-", "'ok'"]
+    assert first.split() == ["1", "reserve", "2026-11-30", "21:40:05.000Z", "(3m", "ago)", "1s500ms", "-", "'ok'"]
     assert "wf-1-child" in second and "error: CardDeclined: xxx" in second and second.endswith("…")
     assert len(second) - second.index("error:") == 60  # cut; -o json has it whole
     out, _ = relay(fake)("workflows", "steps", "wf-1", "--app", "orders", "-o", "json")
@@ -306,13 +306,13 @@ def test_schedules_list_and_get(relay: Callable[[FakeApi], Run]) -> None:
     out, _ = run("schedules", "list", "--app", "orders", "-S", "PAUSED", "-n", "report",
                  "--schedule-name-prefix", "night", "--load-context")
     header, row = out.splitlines()
-    assert row.split() == ["nightly", "ACTIVE", "report", "0", "2", "*", "*", "*", "UTC", "2026-11-29", "02:00:00Z",
+    assert row.split() == ["nightly", "ACTIVE", "report", "0", "2", "*", "*", "*", "UTC", "2026-11-29", "02:00:00.000Z",
                            "(1d", "ago)", "false"]
     assert row.index("0 2 * * *") == header.index("CRON")
     out, _ = run("schedules", "get", "nightly", "--app", "orders", "-o", "json")
     assert json.loads(out) == SCHEDULE
     out, _ = run("schedules", "get", "nightly", "--app", "orders")
-    assert "last fired at:       2026-11-29 02:00:00Z (1d ago)" in out
+    assert "last fired at:       2026-11-29 02:00:00.000Z (1d ago)" in out
     assert fake.requests[0] == ("GET", f"{APP}/schedules", {"status": "PAUSED", "workflowName": "report",
                                                            "scheduleNamePrefix": "night", "loadContext": "true"}, None)
     assert fake.requests[1][:2] == ("GET", f"{APP}/schedules/nightly")
@@ -354,8 +354,8 @@ def test_versions(relay: Callable[[FakeApi], Run]) -> None:
     fake = FakeApi({("GET", f"{APP}/versions"): ok(VERSIONS), ("PATCH", f"{APP}/versions/latest"): NO_CONTENT})
     run = relay(fake)
     out, _ = run("versions", "list", "--app", "orders")
-    assert out.splitlines()[1].split() == ["v7", "v-id-7", "2026-11-30", "20:43:05Z", "(1h", "ago)", "2026-11-30",
-                                           "20:43:06Z", "(59m", "ago)"]
+    assert out.splitlines()[1].split() == ["v7", "v-id-7", "2026-11-30", "20:43:05.000Z", "(1h", "ago)", "2026-11-30",
+                                           "20:43:06.000Z", "(59m", "ago)"]
     assert json.loads(run("versions", "list", "--app", "orders", "-o", "json")[0]) == VERSIONS
     assert run("versions", "set-latest", "v6", "--app", "orders")[0] == "latest version of orders: v6\n"
     assert fake.requests[-1] == ("PATCH", f"{APP}/versions/latest", {}, {"versionName": "v6"})
@@ -429,3 +429,62 @@ def test_the_relay_process_prints_the_detail_on_stderr_and_exits_1(unavailable: 
                           cwd=Path(__file__).parents[2], stdin=subprocess.DEVNULL)
     assert (done.returncode, done.stdout) == (1, "")
     assert done.stderr == "relay: no HEALTHY executor of application 'orders'\n"
+
+
+# -- the app: as the first argument or --app; statuses in any case ------------------------------------------------
+
+
+@pytest.mark.parametrize("argv", [
+    ("workflows", "list", "orders"), ("workflows", "list", "--app", "orders"), ("workflows", "list", "-a", "orders"),
+])
+def test_the_app_is_the_first_argument_or_app(relay: Callable[[FakeApi], Run], argv: tuple[str, ...]) -> None:
+    fake = FakeApi({("GET", f"{APP}/workflows"): ok([])})
+    relay(fake)(*argv)
+    assert [(m, p) for m, p, _, _ in fake.requests] == [("GET", f"{APP}/workflows")]
+
+
+@pytest.mark.parametrize(("argv", "method", "path", "body"), [
+    (("workflows", "get", "orders", "wf-1"), "GET", f"{APP}/workflows/wf-1", None),
+    (("workflows", "get", "wf-1", "--app", "orders"), "GET", f"{APP}/workflows/wf-1", None),
+    (("queues", "list", "orders"), "GET", f"{APP}/queues", None),
+    (("versions", "list", "orders"), "GET", f"{APP}/versions", None),
+    (("versions", "set-latest", "orders", "v8"), "PATCH", f"{APP}/versions/latest", {"versionName": "v8"}),
+    (("workflows", "cancel", "orders", "wf-1", "wf-2"), "POST", f"{APP}/workflows/bulk-cancel",
+     {"workflowIds": ["wf-1", "wf-2"]}),
+    (("workflows", "cancel", "wf-1", "wf-2", "--app", "orders"), "POST", f"{APP}/workflows/bulk-cancel",
+     {"workflowIds": ["wf-1", "wf-2"]}),
+    (("workflows", "resume", "orders", "wf-1"), "POST", f"{APP}/workflows/wf-1/resume", None),
+])
+def test_every_command_about_an_app_takes_it_either_way(relay: Callable[[FakeApi], Run], argv: tuple[str, ...],
+                                                         method: str, path: str, body: Any) -> None:
+    answers = {"GET": ok(WORKFLOW if "workflows/" in path else []), "PATCH": NO_CONTENT, "POST": NO_CONTENT}
+    fake = FakeApi({(method, path): answers[method]})
+    relay(fake)(*argv)
+    assert [(m, p, b) for m, p, _, b in fake.requests] == [(method, path, body)]
+
+
+@pytest.mark.parametrize(("argv", "error"), [
+    (("workflows", "list"), "the application is missing"),
+    (("workflows", "get", "wf-1"), "the application is missing"),
+    (("workflows", "list", "orders", "--app", "billing"), "the application is given twice: 'orders' and --app "
+                                                          "'billing'"),
+    (("workflows", "cancel", "wf-1"), "give the application and at least one workflow_id, or --app"),
+])
+def test_no_app_or_two_is_a_usage_error(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
+                                        error: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parser().parse_args(list(argv))
+    assert exited.value.code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_statuses_are_taken_in_any_case(relay: Callable[[FakeApi], Run]) -> None:
+    fake = FakeApi({("GET", f"{APP}/workflows"): ok([]), ("POST", f"{APP}/workflows/search"): ok([]),
+                    ("GET", f"{APP}/schedules"): ok([])})
+    run = relay(fake)
+    run("workflows", "list", "orders", "-S", "success")
+    run("workflows", "list", "orders", "-S", "Error", "--status", "cancelled")
+    run("schedules", "list", "orders", "-S", "paused")
+    assert fake.requests[0][2]["status"] == "SUCCESS"
+    assert fake.requests[1][3]["status"] == ["ERROR", "CANCELLED"]
+    assert fake.requests[2][2]["status"] == "PAUSED"

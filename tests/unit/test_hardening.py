@@ -28,8 +28,8 @@ from websockets.http11 import Request
 from websockets.streams import StreamReader
 from websockets.uri import parse_uri
 
-from core import wire
-from core.errors import AuthError, IdentityError, ServiceUnavailableError
+from core import nesting, wire
+from core.errors import AuthError, IdentityError, NestingError, ServiceUnavailableError
 from core.models import make_engine
 from core.store import Store, hash_key
 from gateway import http_limits, identity, ws
@@ -514,6 +514,59 @@ async def test_a_bad_identity_closes_the_socket_permanently_and_is_reported_once
     reports = [r.getMessage() for r in log if "permanent:" in r.getMessage()]
     assert len(reports) == 1 and len(gw.store.audits) == 1
     assert "zzzz" not in reports[0] and "zzzz" not in json.dumps(gw.store.audits)
+
+
+def _nested(depth: int) -> Any:
+    """A JSON object ``depth`` levels deep (``{"k": {"k": ... {}}}``)."""
+    value: Any = {}
+    for _ in range(depth - 1):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize("depth", [nesting.MAX_JSON_DEPTH + 1, 300, 600, 900])
+def test_metadata_nested_too_deep_is_refused_for_good(depth: int) -> None:
+    """Issue 24: metadata 300 deep (about 2 KB, under the 64 KiB bound) was accepted, then its `connected` signal
+    failed to serialize on every retry: connected, never registered."""
+    identity.check(ORG, APP, _info(executor_metadata=_nested(nesting.MAX_JSON_DEPTH)))
+    with pytest.raises(IdentityError) as refused:
+        identity.check(ORG, APP, _info(executor_metadata=_nested(depth)))
+    assert refused.value.field == "executor_metadata" and refused.value.close_code == 1008
+    assert refused.value.detail == ("permanent: executor_metadata is nested deeper than 32 levels; the same value "
+                                    "will fail again")
+
+
+def test_a_handshake_frame_too_deep_to_parse_is_refused_for_good_and_any_later_one_costs_only_itself() -> None:
+    session = sm.Session(identity=identity.checker(ORG, APP))
+    metadata = '{"k": ' * 100_000 + "{}" + "}" * 100_000
+    deep = f'{{"type": "executor_info", "request_id": "{session.info_request_id}", "executor_id": "e", ' \
+           f'"executor_metadata": {metadata}}}'
+    with pytest.raises(IdentityError) as refused:
+        session.receive(deep)
+    assert refused.value.close_code == 1008 and refused.value.detail.startswith("permanent: executor_info ")
+    assert len(refused.value.detail.encode()) <= ws.CLOSE_REASON_BYTES
+    session.receive(json.dumps({"type": "executor_info", "request_id": session.info_request_id, "executor_id": "e"}))
+    with pytest.raises(NestingError) as malformed:  # once open: a malformed reply, not a refusal of the executor
+        session.receive("[" * 100_000 + "]" * 100_000)
+    assert not isinstance(malformed.value, IdentityError) and session.state is sm.State.OPEN
+
+
+@pytest.mark.parametrize("depth", [300, 600, 900])
+async def test_deep_metadata_closes_the_socket_permanently_and_signals_nothing(depth: int) -> None:
+    gw = FakeGateway()
+    peer = Peer(gw)
+    serving = asyncio.ensure_future(peer.protocol.serve(cast(Gateway, gw), JOINED))
+    await _turns()
+    peer.read()
+    peer.send(Frame(json.dumps({"type": "executor_info", "request_id": peer.info_request_id, "executor_id": "deep-1",
+                                "executor_metadata": _nested(depth)})))
+    await asyncio.wait_for(serving, 5)
+    peer.read()
+    assert peer.closed is not None and peer.closed[0] == 1008
+    assert peer.closed[1].startswith("permanent: executor_metadata is nested deeper than 32 levels")
+    peer.leave()
+    await gw.settle()
+    assert not gw.connected and len(gw.hub) == 0  # nothing sent to Temporal
 
 
 # -- replies nobody asked for ------------------------------------------------------------------------------------

@@ -311,3 +311,13 @@ def test_every_dashboard_query_names_a_metric_relay_exports() -> None:
     assert "relay_recoveries_totl" not in exported  # a misspelt name would be caught
     ids = [p["id"] for p in dashboard["panels"]]
     assert len(ids) == len(set(ids))
+
+
+def test_no_created_series(store: Store) -> None:
+    """prometheus-client would add ``<name>_created`` to every counter and histogram (and label set): turned off."""
+    metrics.RECOVERIES.labels(ORG, APP, "succeeded").inc()
+    metrics.HANDSHAKE.observe(0.01)
+    names = {name for name, _ in _scrape(metrics.registry_with(store.engine))}
+    assert "relay_recoveries_total" in names and "relay_handshake_seconds_count" in names
+    assert not {name for name in names if name.endswith("_created")}, names
+    assert not {name for name in metrics.exported_names() if name.endswith("_created")}

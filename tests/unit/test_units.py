@@ -29,6 +29,7 @@ INT64_MAX = 2**63 - 1  # the upstream contract's `format: int64`: what a client 
 # The bounds Relay accepts (each one a 422 beyond), written out here so a change to them is a decision.
 MAX_EXECUTOR_TIMEOUT_SECS = 7 * 86_400
 MAX_RETENTION_MS = 36_525 * 86_400_000  # 100 years
+MIN_THRESHOLD_MS = 1000  # a retention threshold or global timeout under a second is a unit slip: refused
 MAX_ROWS = 2**53 - 1
 
 ms_values = st.integers(min_value=0, max_value=MAX_MS)
@@ -136,7 +137,7 @@ SETTINGS_FIELDS = ("executorTimeoutSecs", "gcTimeThresholdMs", "gcRowsThreshold"
 
 def patch_bodies(*, max_ms: int = MAX_RETENTION_MS, max_rows: int = MAX_ROWS) -> st.SearchStrategy[dict[str, Any]]:
     """``PatchAppInputBody`` JSON: any subset of the fields, ``null`` clearing a retention one."""
-    ms, rows = st.integers(min_value=1, max_value=max_ms), st.integers(min_value=1, max_value=max_rows)
+    ms, rows = st.integers(min_value=MIN_THRESHOLD_MS, max_value=max_ms), st.integers(min_value=1, max_value=max_rows)
     return st.fixed_dictionaries({}, optional={
         "executorTimeoutSecs": st.integers(min_value=1, max_value=MAX_EXECUTOR_TIMEOUT_SECS),
         "gcTimeThresholdMs": st.none() | ms, "gcRowsThreshold": st.none() | rows,
@@ -179,8 +180,8 @@ def test_patch_then_get_round_trips_through_the_database(store: Store, body: dic
 
 
 @given(secs=st.integers(min_value=1, max_value=MAX_EXECUTOR_TIMEOUT_SECS),
-       gc=st.none() | st.integers(min_value=1, max_value=MAX_RETENTION_MS),
-       timeout=st.none() | st.integers(min_value=1, max_value=MAX_RETENTION_MS),
+       gc=st.none() | st.integers(min_value=MIN_THRESHOLD_MS, max_value=MAX_RETENTION_MS),
+       timeout=st.none() | st.integers(min_value=MIN_THRESHOLD_MS, max_value=MAX_RETENTION_MS),
        rows=st.none() | st.integers(min_value=1, max_value=MAX_ROWS), private=st.booleans())
 def test_stored_settings_round_trip_through_the_rest_models(secs: int, gc: int | None, timeout: int | None,
                                                             rows: int | None, private: bool) -> None:
