@@ -11,12 +11,16 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 from temporalio import activity
 
 from activities.database import database_calls
 from core import metrics, units, wire
+from core.logs import OncePerWindow
+from core.models import Application
+from core.names import DEFAULT_ORG
 from core.store import Store
 from workflows.contracts.common import Activity, Candidate
 from workflows.contracts.retention import (
@@ -29,6 +33,10 @@ from workflows.contracts.retention import (
 
 log = logging.getLogger("relay.worker")
 
+# A threshold under a second stored before the REST API refused it is said again at most this often per app, not
+# every round (RELAY_RETENTION_INTERVAL_SECS): the operator has to change it, and once is not always seen.
+SLIP_REPORT_EVERY = timedelta(hours=1)
+
 
 class RetentionActivities:
     """Bound to one ``Store``; registered with the worker as bound methods."""
@@ -36,16 +44,26 @@ class RetentionActivities:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._db = database_calls(store)
+        self._slips = OncePerWindow(SLIP_REPORT_EVERY)
 
     @activity.defn(name=Activity.LIST_RETENTION_TARGETS)
     async def list_retention_targets(self, input: ListRetentionTargetsInput) -> list[RetentionTarget]:
         rows = await self._db(self._store.list_retention_targets, input.org, input.app)
-        return [
-            RetentionTarget(app.org, app.name, gc_time_threshold=app.gc_time_threshold,
-                            gc_rows_threshold=app.gc_rows_threshold, global_timeout=app.global_timeout,
-                            last_started_at=last)
-            for app, last in rows
-        ]
+        return [self._target(app, last) for app, last in rows]
+
+    def _target(self, app: Application, last: datetime | None) -> RetentionTarget:
+        """The app's retention settings, a threshold under ``units.MIN_THRESHOLD`` as unset: the REST API refuses
+        one as a unit slip (``gcTimeThresholdMs: 7`` would delete every finished workflow), but a database written
+        by an older Relay may hold one."""
+        slips = {name: value for name, value in (("gcTimeThresholdMs", app.gc_time_threshold),
+                                                  ("globalTimeoutMs", app.global_timeout))
+                 if value is not None and value < units.MIN_THRESHOLD}
+        if slips and self._slips.due((app.org, app.name, *slips.values())):
+            log.warning("%s", slip_warning(app.org, app.name, slips))
+        return RetentionTarget(
+            app.org, app.name, gc_rows_threshold=app.gc_rows_threshold, last_started_at=last,
+            gc_time_threshold=None if "gcTimeThresholdMs" in slips else app.gc_time_threshold,
+            global_timeout=None if "globalTimeoutMs" in slips else app.global_timeout)
 
     @activity.defn(name=Activity.SELECT_RETENTION_EXECUTOR)
     async def select_retention_executor(self, input: SelectRetentionExecutorInput) -> Candidate | None:
@@ -87,6 +105,19 @@ class RetentionActivities:
     def all(self) -> list[Callable[..., Any]]:
         return [self.list_retention_targets, self.select_retention_executor, self.write_retention_audit,
                 self.prune_audit_log]
+
+
+_FLAGS = {"gcTimeThresholdMs": "--gc-time-threshold", "globalTimeoutMs": "--global-timeout"}
+
+
+def slip_warning(org: str, app: str, slips: dict[str, timedelta]) -> str:
+    """What to say of an app's thresholds under a second: each in its REST unit, and how to fix them."""
+    said = " and ".join(f"{name} {units.timedelta_to_ms(value)} ms" for name, value in slips.items())
+    update = f"relay apps update {app}" + ("" if org == DEFAULT_ORG else f" --org {org}")
+    meant = " ".join(f"{_FLAGS[name]} DURATION" for name in slips)
+    clear = " ".join(f"{_FLAGS[name]} none" for name in slips)
+    return (f"retention ignores {said} of app {app!r} (org {org!r}): under 1 s, a unit slip an older Relay "
+            f"stored. Set what was meant with {update} {meant} (e.g. 7d), or clear it with {update} {clear}")
 
 
 _OUTCOMES = {"retention.succeeded": "succeeded", "retention.failed": "failed", "retention.skipped": "skipped"}

@@ -27,6 +27,7 @@ from pydantic import (
 
 from core import alerts, models, units
 from core.names import APP_PATTERN
+from core.store import API_KEY_SUBJECT
 from workflows.contracts.alerts import RuleType
 from workflows.contracts.common import ExecutorStatus
 
@@ -252,6 +253,18 @@ class AuditSubject(BaseModel):
     id: str
     display: str
 
+    @classmethod
+    def of(cls, stored: str, key_names: dict[str, str]) -> AuditSubject:
+        """A stored subject (``system`` or ``api_key:<key id>``; older rows ``key:<key name>``), the key by its
+        name from ``key_names`` (by key id), or by its id once the key is gone."""
+        if stored.startswith(API_KEY_SUBJECT):
+            key_id = stored.removeprefix(API_KEY_SUBJECT)
+            return cls(type="api_key", id=key_id, display=key_names.get(key_id, key_id))
+        if stored.startswith("key:"):  # rows written before subjects carried the key id
+            name = stored.removeprefix("key:")
+            return cls(type="api_key", id=name, display=name)
+        return cls(type="system", id="system", display="Relay")
+
 
 class AuditTarget(BaseModel):
     """Upstream ``AuditTarget``: what was acted on (an application by name, a token by name, or the org)."""
@@ -319,6 +332,9 @@ class _ExpiringInputBody(InputBody):
         return units.seconds_to_timedelta(self.expiresInSecs)
 
 
+SUBJECT_NAME = "the subject as the audit log displays it: the key's name (its id once deleted), `Relay` for system"
+
+
 class DrainInputBody(_ExpiringInputBody):
     """Relay extension: drain an executor for ``expiresInSecs`` seconds (it then ends by itself)."""
 
@@ -335,12 +351,14 @@ class Drain(BaseModel):
     active: bool
     reason: str
     subject: str = Field(description="who drained it: `system`, or `api_key:<key id>`")
+    subjectName: str = Field(description=SUBJECT_NAME)
     createdAt: datetime
 
     @classmethod
-    def of(cls, row: models.ExecutorDrain, *, now: datetime) -> Drain:
+    def of(cls, row: models.ExecutorDrain, *, now: datetime, key_names: dict[str, str]) -> Drain:
         return cls(executorId=row.executor_id, until=row.until, active=row.until > now, reason=row.reason,
-                   subject=row.subject, createdAt=row.created_at)
+                   subject=row.subject, subjectName=AuditSubject.of(row.subject, key_names).display,
+                   createdAt=row.created_at)
 
 
 class PauseInputBody(_ExpiringInputBody):
@@ -357,12 +375,13 @@ class RecoveryPause(BaseModel):
     active: bool
     reason: str
     subject: str = Field(description="who paused it: `system`, or `api_key:<key id>`")
+    subjectName: str = Field(description=SUBJECT_NAME)
     createdAt: datetime
 
     @classmethod
-    def of(cls, row: models.RecoveryPause, *, now: datetime) -> RecoveryPause:
+    def of(cls, row: models.RecoveryPause, *, now: datetime, key_names: dict[str, str]) -> RecoveryPause:
         return cls(until=row.until, active=row.until > now, reason=row.reason, subject=row.subject,
-                   createdAt=row.created_at)
+                   subjectName=AuditSubject.of(row.subject, key_names).display, createdAt=row.created_at)
 
 
 class RecoveryBreaker(BaseModel):

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cli import workflow_tables as show
-from cli.admin import _api, _client_options, _emit, _name, parse_duration
+from cli.admin import _api, _client_options, _emit, _name, app_argument, parse_duration
 from cli.tables import Json, table
 from core import units
 from core.models import utcnow
@@ -42,9 +42,14 @@ def _until(value: Json, now: datetime) -> str:
     return show.human_time(value, now)
 
 
+def _by(row: dict[str, Json]) -> Json:
+    """Who set a drain or pause: the key's name, as the audit log shows it (``subjectName``)."""
+    return row.get("subjectName") or row["subject"]
+
+
 def drains_table(drains: list[dict[str, Json]], now: datetime) -> str:
     return table(["EXECUTOR ID", "ACTIVE", "UNTIL", "REASON", "BY"],
-                 [[d["executorId"], d["active"], _until(d["until"], now), d["reason"] or "-", d["subject"]]
+                 [[d["executorId"], d["active"], _until(d["until"], now), d["reason"] or "-", _by(d)]
                   for d in drains])
 
 
@@ -54,7 +59,7 @@ def status_card(status: dict[str, Json], now: datetime, *, app: str = "<app>") -
     if pause is None or not pause["active"]:
         lines.append("pause:    none")
     else:
-        lines.append(f"pause:    until {_until(pause['until'], now)}, by {pause['subject']}"
+        lines.append(f"pause:    until {_until(pause['until'], now)}, by {_by(pause)}"
                      + (f": {pause['reason']}" if pause["reason"] else ""))
     if breaker["tripped"]:
         lines.append(f"breaker:  TRIPPED at {_until(breaker['trippedAt'], now)} (trips: {breaker['trips']})")
@@ -121,9 +126,7 @@ def _command(group: Any, name: str, handler: Any, help: str, *positional: str) -
     p: argparse.ArgumentParser = group.add_parser(name, help=help)
     p.set_defaults(admin=handler)
     _client_options(p)
-    p.add_argument("--app", "-a", required=True, help="the application")
-    for arg in positional:
-        p.add_argument(arg)
+    app_argument(p, *positional)
     return p
 
 

@@ -868,9 +868,12 @@ class Store:
                 q = q.where(or_(AuditLog.app == target, AuditLog.executor_id == target, token))
             q = q.order_by(col(AuditLog.emit_time).desc(), col(AuditLog.id).desc()).offset(offset).limit(limit)
             rows = list(s.exec(q).all())
-            key_ids = {r.subject.removeprefix(API_KEY_SUBJECT) for r in rows if r.subject.startswith(API_KEY_SUBJECT)}
-            names = dict(s.exec(select(ApiKey.id, ApiKey.name).where(col(ApiKey.id).in_(key_ids))).all())
-        return rows, names
+            return rows, _key_names(s, [r.subject for r in rows])
+
+    def key_names(self, subjects: list[str]) -> dict[str, str]:
+        """The names of the keys among these audit subjects (``api_key:<key id>``), by key id."""
+        with Session(self.engine) as s:
+            return _key_names(s, subjects)
 
     # -- alerting rules (core.alerts, workflows.alerts) ------------------------------------------------------
 
@@ -1121,6 +1124,13 @@ def _eligible(s: Session, org: str, app: str) -> list[Executor]:
 API_KEY_SUBJECT = "api_key:"
 SYSTEM_SUBJECT = "system"
 TOKEN_OPERATIONS = ("token.created", "token.deleted")
+
+
+def _key_names(s: Session, subjects: list[str]) -> dict[str, str]:
+    key_ids = {subject.removeprefix(API_KEY_SUBJECT) for subject in subjects if subject.startswith(API_KEY_SUBJECT)}
+    if not key_ids:
+        return {}
+    return dict(s.exec(select(ApiKey.id, ApiKey.name).where(col(ApiKey.id).in_(key_ids))).all())
 
 
 def subject_of_key(key_id: str) -> str:

@@ -12,11 +12,17 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from hypothesis import settings
 from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.testing import WorkflowEnvironment
 
 from core.logs import CORE_LOGGER
 from core.temporal import data_converter, venv_binary
+
+# No per-example deadline: a test is not a benchmark, and on a loaded two-core machine (xdist, e2e processes) an
+# example of a property test may take longer than Hypothesis's 200 ms without anything being wrong.
+settings.register_profile("relay", deadline=None)
+settings.load_profile("relay")
 
 # The time-skipping test server advertises no capabilities, so the SDK's Rust core warns, for every worker that
 # connects to it, that a Temporal Server 1.16.0 or newer is required to keep heartbeat details on failure.

@@ -26,7 +26,7 @@ from api.schemas import (
     extended,
 )
 from core.models import AuditLog
-from core.store import API_KEY_SUBJECT, TOKEN_OPERATIONS
+from core.store import TOKEN_OPERATIONS
 
 router = APIRouter(tags=["Audit"])
 
@@ -34,7 +34,6 @@ DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000
 OptionalTime = UTCTime | None
 OptionalStr = str | None
-SYSTEM = AuditSubject(type="system", id="system", display="Relay")
 _SNAKE = re.compile(r"_([a-z0-9])")
 
 
@@ -74,7 +73,7 @@ def _entry(row: AuditLog, key_names: dict[str, str]) -> AuditLogEntry:
         details = {**(details or {}), "executorId": row.executor_id}
     return AuditLogEntry(id=row.id, emitTime=row.emit_time, operation=row.operation,
                          status="success" if row.status == "success" else "failure",
-                         subject=_subject(row.subject, key_names), target=_target(row), sourceIp=row.source_ip,
+                         subject=AuditSubject.of(row.subject, key_names), target=_target(row), sourceIp=row.source_ip,
                          details=details)
 
 
@@ -87,16 +86,6 @@ def rest_keys(details: dict[str, Any]) -> dict[str, Any]:
         if camel == key or camel not in details:
             out[camel] = value
     return out
-
-
-def _subject(stored: str, key_names: dict[str, str]) -> AuditSubject:
-    if stored.startswith(API_KEY_SUBJECT):
-        key_id = stored.removeprefix(API_KEY_SUBJECT)
-        return AuditSubject(type="api_key", id=key_id, display=key_names.get(key_id, key_id))
-    if stored.startswith("key:"):  # rows written before subjects carried the key id
-        name = stored.removeprefix("key:")
-        return AuditSubject(type="api_key", id=name, display=name)
-    return SYSTEM
 
 
 def _target(row: AuditLog) -> AuditTarget:

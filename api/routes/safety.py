@@ -7,13 +7,11 @@ Durations are seconds here (``expiresInSecs``) and ``timedelta`` from the schema
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
-from temporalio.service import RPCError
 
 from api.deps import AppName, AppPrincipal, GatewayDep, OrgName, StoreDep, source_ip
 from api.problems import responses
@@ -31,10 +29,9 @@ from api.schemas import (
 )
 from core import units
 from core.errors import NotFoundError
-from core.models import utcnow
-from core.store import subject_of
-from gateway.runtime import Gateway
-from workflows.contracts.common import lifecycle_workflow_id
+from core.models import ExecutorDrain, utcnow
+from core.store import Store, subject_of
+from gateway import Gateway
 from workflows.contracts.lifecycle import PeerAvailableSignal
 
 log = logging.getLogger("relay.gateway")
@@ -59,7 +56,7 @@ async def drain_executor(orgName: OrgName, appName: AppName, executorId: Executo
         store.set_drain, org=orgName, app=appName, executor_id=executorId, until=now + body.expires_in,
         reason=body.reason, subject=subject_of(p), source_ip=source_ip(request),
         details=units.rest_durations({"expiresInSecs": body.expires_in}))
-    return Drain.of(row, now=now)
+    return Drain.of(row, now=now, key_names={p.key_id: p.key_name})
 
 
 @router.get("/executors/{executorId}/drain", operation_id="getExecutorDrain", summary="Get an executor's drain",
@@ -67,11 +64,10 @@ async def drain_executor(orgName: OrgName, appName: AppName, executorId: Executo
 async def get_drain(orgName: OrgName, appName: AppName, executorId: ExecutorId, _p: AppPrincipal,
                     store: StoreDep) -> Drain:
     """Relay extension. The drain, expired or not (``active`` says which); 404 when the executor has none."""
-    rows = await run_in_threadpool(store.list_drains, orgName, appName)
-    row = next((r for r in rows if r.executor_id == executorId), None)
-    if row is None:
+    drain = next((d for d in await _drains(store, orgName, appName) if d.executorId == executorId), None)
+    if drain is None:
         raise NotFoundError(f"executor {executorId!r} of app {appName!r} is not drained")
-    return Drain.of(row, now=utcnow())
+    return drain
 
 
 @router.delete("/executors/{executorId}/drain", operation_id="undrainExecutor", summary="End an executor's drain",
@@ -89,9 +85,18 @@ async def undrain_executor(orgName: OrgName, appName: AppName, executorId: Execu
             openapi_extra=EXTENSION)
 async def list_drains(orgName: OrgName, appName: AppName, _p: AppPrincipal, store: StoreDep) -> list[Drain]:
     """Relay extension. The app's drains by executor id, expired ones included (``active: false``)."""
-    rows = await run_in_threadpool(store.list_drains, orgName, appName)
+    return await _drains(store, orgName, appName)
+
+
+async def _drains(store: Store, org: str, app: str) -> list[Drain]:
+    """The app's drains, each naming the key that set it (404: no such app)."""
+    def read() -> tuple[list[ExecutorDrain], dict[str, str]]:
+        rows = store.list_drains(org, app)
+        return rows, store.key_names([row.subject for row in rows])
+
+    rows, names = await run_in_threadpool(read)
     now = utcnow()
-    return [Drain.of(row, now=now) for row in rows]
+    return [Drain.of(row, now=now, key_names=names) for row in rows]
 
 
 @router.put("/recovery-pause", operation_id="pauseRecovery", summary="Pause recoveries", responses=ERRORS,
@@ -106,7 +111,7 @@ async def pause_recovery(orgName: OrgName, appName: AppName, p: AppPrincipal, st
         store.set_pause, org=orgName, app=appName, until=now + body.expires_in, reason=body.reason,
         subject=subject_of(p), source_ip=source_ip(request),
         details=units.rest_durations({"expiresInSecs": body.expires_in}))
-    return RecoveryPause.of(row, now=now)
+    return RecoveryPause.of(row, now=now, key_names={p.key_id: p.key_name})
 
 
 @router.get("/recovery-pause", operation_id="getRecoveryPause", summary="Get the recovery pause", responses=ERRORS,
@@ -116,7 +121,8 @@ async def get_pause(orgName: OrgName, appName: AppName, _p: AppPrincipal, store:
     pause, _, _ = await run_in_threadpool(store.recovery_state, orgName, appName)
     if pause is None:
         raise NotFoundError(f"recovery of app {appName!r} is not paused")
-    return RecoveryPause.of(pause, now=utcnow())
+    names = await run_in_threadpool(store.key_names, [pause.subject])
+    return RecoveryPause.of(pause, now=utcnow(), key_names=names)
 
 
 @router.delete("/recovery-pause", operation_id="resumeRecovery", summary="Resume recoveries", status_code=204,
@@ -136,16 +142,17 @@ async def recovery_status(orgName: OrgName, appName: AppName, _p: AppPrincipal, 
     """Relay extension. The app's pause, its recovery-storm breaker, the recoveries the gate holds, and those
     blocked for lack of a peer (with the drained executors that could otherwise carry them)."""
     def read() -> tuple[Any, ...]:
-        return (*store.recovery_state(orgName, appName), store.blocked_recoveries(orgName, appName),
-                store.drained_executors(orgName, appName))
+        pause, gate, waiting = store.recovery_state(orgName, appName)
+        return (pause, gate, waiting, store.blocked_recoveries(orgName, appName),
+                store.drained_executors(orgName, appName), store.key_names([pause.subject] if pause else []))
 
-    pause, gate, waiting, blocked, drained = await run_in_threadpool(read)
+    pause, gate, waiting, blocked, drained, names = await run_in_threadpool(read)
     now = utcnow()
     breaker = RecoveryBreaker(tripped=gate is not None and gate.tripped_at is not None,
                               trippedAt=gate.tripped_at if gate else None, trips=gate.trips if gate else 0,
                               lastSlotAt=gate.last_slot_at if gate else None)
     return RecoveryStatus(
-        pause=RecoveryPause.of(pause, now=now) if pause else None, breaker=breaker,
+        pause=RecoveryPause.of(pause, now=now, key_names=names) if pause else None, breaker=breaker,
         waiting=[RecoveryWaiting(executorId=t.executor_id, diedAt=t.died_at, slotAt=t.slot_at, reason=t.held)
                  for t in waiting],
         blocked=[RecoveryBlocked(executorId=b.executor_id, appVersion=b.app_version, diedAt=b.died_at,
@@ -155,10 +162,4 @@ async def recovery_status(orgName: OrgName, appName: AppName, _p: AppPrincipal, 
 
 
 async def _wake(gateway: Gateway, org: str, app: str, dead: list[str], executor_id: str) -> None:
-    """Tell DEAD executors' workflows a peer may be available (as a peer turning HEALTHY does); best effort: a
-    workflow not told looks again on its own within minutes."""
-    signal = PeerAvailableSignal(executor_id)
-    for dead_id in dead:
-        handle = gateway.client.get_workflow_handle(lifecycle_workflow_id(org, app, dead_id))
-        with contextlib.suppress(RPCError):
-            await handle.signal("peer_available", signal)
+    await gateway.wake_recoveries(org, app, dead, PeerAvailableSignal(executor_id))

@@ -214,3 +214,30 @@ async def test_recovery_status_shows_recoveries_blocked_for_lack_of_a_peer(api: 
         api.record(app, "dead-2", ExecutorStatus.HEALTHY, version="v2")  # back: nothing is blocked any more
         api.record(app, "dead-2", ExecutorStatus.DEAD, version="v2")  # and dead again: a death of its own
         assert (await client.get(f"{ORG}/apps/{app}/recovery")).json()["blocked"] == []
+
+
+async def test_drains_and_pauses_name_the_key_that_set_them_as_the_audit_does(api: Api) -> None:
+    """Issue 24: a drain or pause said ``api_key:<uuid>`` where the audit log names the key."""
+    app = "named-app"
+    ops = api.store.create_key(org="local", name="ops-ana", apps=[app])
+    async with api.client() as client:
+        assert (await client.put(f"{ORG}/apps/{app}")).status_code == 204
+        api.record(app, "ex-1")
+        api.record(app, "ex-2")
+        async with api.client(ops) as as_ops:
+            drained = await as_ops.put(f"{ORG}/apps/{app}/executors/ex-1/drain", json={"expiresInSecs": 60})
+            paused = await as_ops.put(f"{ORG}/apps/{app}/recovery-pause", json={"expiresInSecs": 60})
+        assert (drained.json()["subjectName"], paused.json()["subjectName"]) == ("ops-ana", "ops-ana")
+        api.store.set_drain(org="local", app=app, executor_id="ex-2", until=datetime.now(UTC) + timedelta(minutes=1),
+                            reason="", subject="system", source_ip="", details={})
+        assert (await client.delete(f"{ORG}/tokens/ops-ana")).status_code == 204  # revoked, still named
+
+        listed = (await client.get(f"{ORG}/apps/{app}/drains")).json()
+        assert [(d["executorId"], d["subjectName"]) for d in listed] == [("ex-1", "ops-ana"), ("ex-2", "Relay")]
+        assert listed[0]["subject"] == drained.json()["subject"] != "ops-ana"
+        assert (await client.get(f"{ORG}/apps/{app}/executors/ex-1/drain")).json()["subjectName"] == "ops-ana"
+        assert (await client.get(f"{ORG}/apps/{app}/recovery-pause")).json()["subjectName"] == "ops-ana"
+        assert (await client.get(f"{ORG}/apps/{app}/recovery")).json()["pause"]["subjectName"] == "ops-ana"
+        audited = {e["details"]["executorId"]: e["subject"]["display"]
+                   for e in await _audit(client, app, "executor.drain.set")}
+        assert audited == {d["executorId"]: d["subjectName"] for d in listed}

@@ -1,12 +1,12 @@
 """What ``relay recovery status`` prints for an app's recovery gate (``cli.safety.status_card``), from the REST API's
-``RecoveryStatus``."""
+``RecoveryStatus``, and ``relay drain list``'s table."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
-from cli.safety import status_card
+from cli.safety import drains_table, status_card
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 QUIET: dict[str, Any] = {"pause": None, "breaker": {"tripped": False, "trippedAt": None, "trips": 0,
@@ -28,3 +28,14 @@ def test_a_recovery_blocked_for_lack_of_a_peer_is_shown_with_the_drain_that_bloc
 
 def test_nothing_blocked_says_so() -> None:
     assert status_card({**QUIET, "blocked": []}, NOW).splitlines()[-1] == "blocked:  0"
+
+
+def test_drains_and_pauses_are_by_the_key_name_as_in_the_audit() -> None:
+    """Issue 24: the BY column said ``api_key:<key id>`` where ``relay audit`` names the key."""
+    drain = {"executorId": "ex-1", "active": True, "until": "2026-11-30T12:30:00Z", "reason": "",
+             "subject": "api_key:0b5e6c1e", "subjectName": "ops-ana", "createdAt": "2026-11-30T12:00:00Z"}
+    header, row = drains_table([drain], NOW).splitlines()
+    assert header.split()[-1] == "BY" and row.split()[-1] == "ops-ana"
+    pause = {key: drain[key] for key in ("active", "until", "subject", "subjectName", "createdAt")}
+    card = status_card({**QUIET, "pause": {**pause, "reason": "db maintenance"}, "blocked": []}, NOW)
+    assert card.splitlines()[0].endswith(", by ops-ana: db maintenance")

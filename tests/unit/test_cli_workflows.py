@@ -454,10 +454,25 @@ def test_the_app_is_the_first_argument_or_app(relay: Callable[[FakeApi], Run], a
     (("workflows", "cancel", "wf-1", "wf-2", "--app", "orders"), "POST", f"{APP}/workflows/bulk-cancel",
      {"workflowIds": ["wf-1", "wf-2"]}),
     (("workflows", "resume", "orders", "wf-1"), "POST", f"{APP}/workflows/wf-1/resume", None),
+    (("drain", "set", "orders", "ex-1", "--for", "30m"), "PUT", f"{APP}/executors/ex-1/drain",
+     {"expiresInSecs": 1800}),
+    (("drain", "set", "ex-1", "--app", "orders", "--for", "30m"), "PUT", f"{APP}/executors/ex-1/drain",
+     {"expiresInSecs": 1800}),
+    (("drain", "clear", "orders", "ex-1"), "DELETE", f"{APP}/executors/ex-1/drain", None),
+    (("drain", "clear", "ex-1", "-a", "orders"), "DELETE", f"{APP}/executors/ex-1/drain", None),
+    (("drain", "list", "orders"), "GET", f"{APP}/drains", None),
+    (("recovery", "pause", "orders", "--for", "1h"), "PUT", f"{APP}/recovery-pause", {"expiresInSecs": 3600}),
+    (("recovery", "resume", "orders"), "DELETE", f"{APP}/recovery-pause", None),
+    (("recovery", "status", "orders"), "GET", f"{APP}/recovery", None),
+    (("recovery", "status", "--app", "orders"), "GET", f"{APP}/recovery", None),
 ])
 def test_every_command_about_an_app_takes_it_either_way(relay: Callable[[FakeApi], Run], argv: tuple[str, ...],
                                                          method: str, path: str, body: Any) -> None:
-    answers = {"GET": ok(WORKFLOW if "workflows/" in path else []), "PATCH": NO_CONTENT, "POST": NO_CONTENT}
+    breaker = {"tripped": False, "trippedAt": None, "trips": 0, "lastSlotAt": None}
+    status: dict[str, Any] = {"pause": None, "breaker": breaker, "waiting": [], "blocked": []}
+    answers = {"GET": ok(WORKFLOW if "workflows/" in path else status if path.endswith("/recovery") else []),
+               "PATCH": NO_CONTENT, "POST": NO_CONTENT, "DELETE": NO_CONTENT,
+               "PUT": ok({"executorId": "ex-1", "until": "2026-11-30T22:13:05Z"})}
     fake = FakeApi({(method, path): answers[method]})
     relay(fake)(*argv)
     assert [(m, p, b) for m, p, _, b in fake.requests] == [(method, path, body)]
@@ -469,6 +484,8 @@ def test_every_command_about_an_app_takes_it_either_way(relay: Callable[[FakeApi
     (("workflows", "list", "orders", "--app", "billing"), "the application is given twice: 'orders' and --app "
                                                           "'billing'"),
     (("workflows", "cancel", "wf-1"), "give the application and at least one workflow_id, or --app"),
+    (("drain", "set", "--for", "30m", "ex-1"), "the application is missing"),
+    (("recovery", "status"), "the application is missing"),
 ])
 def test_no_app_or_two_is_a_usage_error(capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
                                         error: str) -> None:
