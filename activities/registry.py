@@ -8,7 +8,6 @@ event's row reports it (the store says so): an activity retried after its row la
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -40,7 +39,9 @@ from workflows.contracts.lifecycle import (
     PeerAvailableSignal,
     RecordStatusInput,
     SelectCandidateInput,
+    Signal,
     WriteAuditInput,
+    wake_recoveries,
 )
 from workflows.contracts.reconcile import GetRegistryRowInput, RegistryRow
 
@@ -70,14 +71,9 @@ class RegistryActivities:
 
     async def _wake_waiting_recoveries(self, input: RecordStatusInput, dead: list[str]) -> None:
         """A peer is HEALTHY: DEAD executors' workflows waiting for one look again now, not at their next check."""
-        if not dead:
-            return
-        client = activity.client()
-        signal = PeerAvailableSignal(input.executor_id, input.info.application_version if input.info else "")
-        for executor_id in dead:
-            handle = client.get_workflow_handle(lifecycle_workflow_id(input.org, input.app, executor_id))
-            with contextlib.suppress(RPCError):  # ended meanwhile: nothing waits there any more
-                await handle.signal("peer_available", signal)
+        if dead:
+            signal = PeerAvailableSignal(input.executor_id, input.info.application_version if input.info else "")
+            await wake_recoveries(activity.client(), input.org, input.app, dead, signal)
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
@@ -142,7 +138,7 @@ class RegistryActivities:
             signal = DisconnectedSignal(connection_id=connection_id, reason=input.reason,
                                         signal_id=f"gateway-gone/{input.gateway_queue}/{connection_id}")
             try:
-                await handle.signal("disconnected", signal)
+                await handle.signal(Signal.DISCONNECTED, signal)
             except RPCError as err:
                 if err.status != RPCStatusCode.NOT_FOUND:
                     raise

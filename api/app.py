@@ -17,9 +17,7 @@ from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
 from core.temporal import connect, temporal_connection
-from gateway import revocation
-from gateway.http_limits import BodyLimit
-from gateway.runtime import Gateway
+from gateway import BodyLimit, Gateway
 
 log = logging.getLogger("relay.gateway")
 
@@ -45,14 +43,8 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Cl
                           client=client or await connect(temporal_connection(settings)))
         app.state.store = store
         app.state.gateway = gateway
-        async with (gateway.registered(), gateway.worker(),
-                    revocation.watch(store=store, hub=gateway.hub, admission=gateway.admission),
-                    gateway.contact().running(), gateway.watched()):
-            log.info("gateway ready; socket-bound activities on task queue %s", gateway.task_queue)
+        async with gateway.serving():
             yield
-            await gateway.close_all()
-            await gateway.drain()
-            await gateway.retire()
         store.engine.dispose()
 
     app = FastAPI(

@@ -13,7 +13,7 @@ from api.schemas import PRINTABLE_PATTERN, TOKEN_NAME_MAX, extended
 from core.errors import AuthError, ForbiddenError
 from core.names import APP_PATTERN, ORG_PATTERN
 from core.store import AppAccess, Principal, Store
-from gateway.runtime import Gateway
+from gateway import Gateway
 
 OrgName = Annotated[str, Path(min_length=3, max_length=30, pattern=ORG_PATTERN)]
 AppName = Annotated[str, Path(min_length=3, max_length=30, pattern=APP_PATTERN)]

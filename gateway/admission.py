@@ -14,30 +14,13 @@ from datetime import timedelta
 
 from core.errors import AuthError, ForbiddenError, RateLimitedError, ServiceUnavailableError
 from core.logs import OncePerWindow
+from core.ratelimit import TokenBucket
 
 Clock = Callable[[], float]
 
 UNKNOWN_KEY_MEMORY = timedelta(seconds=2)
 LOOKUP_GRANTED_FOR = timedelta(seconds=1)
 REPORT_EVERY = timedelta(seconds=60)
-
-
-@dataclass
-class TokenBucket:
-    """A token bucket on a monotonic clock (seconds), for rate limits."""
-
-    tokens: float
-    updated: float
-
-    def take(self, now: float, rate: float, capacity: float | None = None) -> bool:
-        """Refill at ``rate`` tokens a second (up to ``capacity``, by default one second's worth), then take one
-        if there is one."""
-        self.tokens = min(rate if capacity is None else capacity, self.tokens + (now - self.updated) * rate)
-        self.updated = now
-        if self.tokens < 1:
-            return False
-        self.tokens -= 1
-        return True
 
 
 @dataclass

@@ -29,6 +29,7 @@ from core import gateways, metrics
 from core.logs import OncePerWindow
 from core.settings import Settings
 from core.store import Store
+from gateway import revocation
 from gateway.activities import HubActivities
 from gateway.admission import Admission
 from gateway.contact import Change, Contact, ContactState
@@ -44,7 +45,7 @@ from workflows.contracts.common import (
     lifecycle_workflow_id,
 )
 from workflows.contracts.gateway_watch import GatewayInput
-from workflows.contracts.lifecycle import LifecycleInput
+from workflows.contracts.lifecycle import LifecycleInput, PeerAvailableSignal, RemovedSignal, Signal, wake_recoveries
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.management import ManagementRequestWorkflow
@@ -282,7 +283,7 @@ class Gateway:
                                probe_timeout=self.settings.gateway_heartbeat_timeout),
                 id=lifecycle_workflow_id(org, app, executor_id),
                 task_queue=SHARED_TASK_QUEUE,
-                start_signal="connected",
+                start_signal=Signal.CONNECTED,
                 start_signal_args=[signal],
                 search_attributes=_search_attributes(org, app, executor_id, signal.info.application_version),
                 static_summary=f"DBOS executor {executor_id} of {org}/{app}",
@@ -334,6 +335,51 @@ class Gateway:
             await asyncio.sleep(delay.total_seconds())
             delay = min(delay * 2, SIGNAL_BACKOFF_MAX)
         return True
+
+    # -- what the REST API asks of its gateway: ``api/`` imports only this facade (``gateway/__init__.py``) ---------
+
+    @contextlib.asynccontextmanager
+    async def serving(self) -> AsyncIterator[None]:
+        """The process's lifetime: its registration and worker, the revocation watch, the contact monitor and the
+        watch run while the block does; then its sockets are closed, the signals in flight drained, and it
+        retires."""
+        async with (self.registered(), self.worker(),
+                    revocation.watch(store=self.store, hub=self.hub, admission=self.admission),
+                    self.contact().running(), self.watched()):
+            log.info("gateway ready; socket-bound activities on task queue %s", self.task_queue)
+            yield
+            await self.close_all()
+            await self.drain()
+            await self.retire()
+
+    def connected_in(self, org: str, app: str) -> set[str]:
+        """The executors of the app holding a socket on this gateway."""
+        return {c.executor_id for c in self.hub.in_app(org, app)}
+
+    async def close_app_sockets(self, org: str, app: str) -> int:
+        """The app was deleted: close its sockets here (1008)."""
+        return await revocation.close_app_sockets(self.hub, org, app)
+
+    async def close_key_sockets(self, key_ids: set[str]) -> int:
+        """Keys were revoked: close the sockets here that authenticated with them (1008)."""
+        return await revocation.close_key_sockets(self.hub, key_ids)
+
+    async def signal_removed(self, org: str, app: str, executor_id: str, signal: RemovedSignal) -> None:
+        """End an executor's lifecycle without recovery (its app is deleted). Raises the client's ``RPCError``."""
+        handle = self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
+        await handle.signal(ExecutorLifecycleWorkflow.removed, signal)
+
+    async def lifecycle_ended(self, org: str, app: str, executor_id: str) -> None:
+        """Returns once the executor's lifecycle workflow has ended, however it ended."""
+        try:
+            await self.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id)).result()
+        except Exception as err:  # failed, cancelled, terminated: ended all the same
+            log.debug("lifecycle of %s/%s/%s ended with %s", org, app, executor_id, err)
+
+    async def wake_recoveries(self, org: str, app: str, dead: list[str], signal: PeerAvailableSignal) -> None:
+        """Tell DEAD executors' workflows a peer may be available (as a peer turning HEALTHY does); best effort: a
+        workflow not told looks again on its own within minutes."""
+        await wake_recoveries(self.client, org, app, dead, signal)
 
     async def close_all(self, code: int = 1001, reason: str = "gateway shutting down") -> None:
         for conn in self.hub.connections():

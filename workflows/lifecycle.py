@@ -52,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
         RecoveryReply,
         RemovedSignal,
         SelectCandidateInput,
+        Signal,
         WriteAuditInput,
         delete_executor,
         dispatch_recovery,
@@ -165,13 +166,13 @@ class ExecutorLifecycleWorkflow:
 
     # -- signals -------------------------------------------------------------------------------------------
 
-    @workflow.signal
+    @workflow.signal(name=Signal.CONNECTED)
     def connected(self, signal: ConnectedSignal) -> None:
         if self._duplicate(signal.signal_id):
             return
         self._state.connection = signal
 
-    @workflow.signal
+    @workflow.signal(name=Signal.DISCONNECTED)
     def disconnected(self, signal: DisconnectedSignal) -> None:
         if self._duplicate(signal.signal_id):
             return
@@ -184,12 +185,12 @@ class ExecutorLifecycleWorkflow:
         self._state.connection = None
         self._state.disconnected_at = signal.at
 
-    @workflow.signal
+    @workflow.signal(name=Signal.PEER_AVAILABLE)
     def peer_available(self, signal: PeerAvailableSignal) -> None:
         """A peer became HEALTHY: if recovery is blocked waiting for one, look now. Idempotent, so no dedup."""
         self._peer_hint = True
 
-    @workflow.signal
+    @workflow.signal(name=Signal.REMOVED)
     def removed(self, signal: RemovedSignal) -> None:
         """The app was deleted: end now, in whatever state, without recovery."""
         if not self._duplicate(signal.signal_id):

@@ -24,8 +24,7 @@ from api.schemas import Application, Executor, PatchAppInputBody, PutAppInputBod
 from core import models
 from core.errors import TemporalUnavailableError
 from core.store import Store, subject_of
-from gateway import revocation
-from gateway.runtime import Gateway
+from gateway import Gateway
 from workflows.contracts.common import ExecutorStatus, lifecycle_workflow_id
 from workflows.contracts.lifecycle import RemovedSignal
 
@@ -111,12 +110,11 @@ async def delete_app(orgName: OrgName, appName: AppName, p: AppPrincipal, store:
         return [e.executor_id for e in store.list_executors(orgName, appName)]
 
     # Those on record, and those connected here whose ``connected`` is not recorded yet.
-    live = {c.executor_id for c in gateway.hub.connections() if (c.org, c.app) == (orgName, appName)}
-    ids = sorted(set(await run_in_threadpool(registry)) | live)
+    ids = sorted(set(await run_in_threadpool(registry)) | gateway.connected_in(orgName, appName))
     running = dict(zip(ids, await asyncio.gather(*(_signal_removed(gateway, orgName, appName, i) for i in ids)),
                        strict=True))
-    await _await_removed(gateway, [lifecycle_workflow_id(orgName, appName, i) for i, ok in running.items() if ok])
-    await revocation.close_app_sockets(gateway.hub, orgName, appName)
+    await _await_removed(gateway, orgName, appName, [i for i, ok in running.items() if ok])
+    await gateway.close_app_sockets(orgName, appName)
     # Last, so that other gateways' watchers close their sockets only once the lifecycles have ended.
     await run_in_threadpool(lambda: store.delete_app(
         orgName, appName, subject=subject_of(p), source_ip=source_ip(request), details={"executors": ids},
@@ -126,33 +124,26 @@ async def delete_app(orgName: OrgName, appName: AppName, p: AppPrincipal, store:
 
 async def _signal_removed(gateway: Gateway, org: str, app: str, executor_id: str) -> bool:
     """Signal ``removed``; False when the workflow no longer runs. 503 when Temporal stays unreachable."""
-    handle = gateway.client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
     signal = RemovedSignal(signal_id=str(uuid.uuid4()), reason="app deleted")
     for attempt in range(1, SIGNAL_ATTEMPTS + 1):
         try:
-            await handle.signal("removed", signal)
+            await gateway.signal_removed(org, app, executor_id, signal)
             return True
         except RPCError as err:
             if err.status == RPCStatusCode.NOT_FOUND:
                 return False
-            log.warning("signal removed to %s failed (attempt %d): %s", handle.id, attempt, err.message)
+            log.warning("signal removed to %s failed (attempt %d): %s", lifecycle_workflow_id(org, app, executor_id),
+                        attempt, err.message)
         await asyncio.sleep(SIGNAL_BACKOFF.total_seconds() * attempt)
     raise TemporalUnavailableError("Temporal could not be reached to end the executors' lifecycles; the app was "
                                    "not deleted: retry")
 
 
-async def _await_removed(gateway: Gateway, workflow_ids: list[str]) -> None:
+async def _await_removed(gateway: Gateway, org: str, app: str, executor_ids: list[str]) -> None:
     """Give the signalled workflows up to ``REMOVAL_WAIT`` to end, so no reconnect races their removal."""
-    if not workflow_ids:
+    if not executor_ids:
         return
-
-    async def ended(workflow_id: str) -> None:
-        try:
-            await gateway.client.get_workflow_handle(workflow_id).result()
-        except Exception as err:  # failed, cancelled, terminated: ended all the same
-            log.debug("lifecycle %s ended with %s", workflow_id, err)
-
-    tasks = [asyncio.ensure_future(ended(w)) for w in workflow_ids]
+    tasks = [asyncio.ensure_future(gateway.lifecycle_ended(org, app, i)) for i in executor_ids]
     _, pending = await asyncio.wait(tasks, timeout=REMOVAL_WAIT.total_seconds())
     for task in pending:
         task.cancel()

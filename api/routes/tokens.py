@@ -17,7 +17,6 @@ from api.deps import AdminPrincipal, GatewayDep, OrgName, StoreDep, TokenName, s
 from api.problems import responses
 from api.schemas import CreateTokenInputBody, Token, TokenCreated
 from core.store import subject_of
-from gateway import revocation
 
 router = APIRouter(tags=["Tokens"])
 CreateTokenBody = Annotated[CreateTokenInputBody, Body(default_factory=CreateTokenInputBody)]  # optional, not null
@@ -50,5 +49,5 @@ async def delete_token(orgName: OrgName, tokenName: TokenName, p: AdminPrincipal
     code 1008): each counts as a disconnect."""
     key_ids = await run_in_threadpool(lambda: store.revoke_token(
         orgName, tokenName, subject=subject_of(p), source_ip=source_ip(request)))
-    await revocation.close_key_sockets(gateway.hub, set(key_ids))
+    await gateway.close_key_sockets(set(key_ids))
     return Response(status_code=204)

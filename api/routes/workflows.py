@@ -40,10 +40,9 @@ from core.errors import (
     RateLimitedError,
     RelayError,
 )
+from core.ratelimit import TokenBucket
 from core.store import Candidates, Principal, Store, subject_of
-from gateway.admission import TokenBucket
-from gateway.management import Answer, Pick
-from gateway.runtime import Gateway
+from gateway import Answer, Gateway, Pick
 
 R = TypeVar("R", bound=c.SdkReply)
 log = logging.getLogger("relay.gateway")

@@ -38,7 +38,9 @@ class FakeHandle:
         self.id = workflow_id
         self._temporal = temporal
 
-    async def signal(self, name: str, arg: object) -> None:
+    async def signal(self, signal: object, arg: object) -> None:
+        # A workflow's signal method (as Relay sends them): the name it is registered under, as the server sees it.
+        name = signal if isinstance(signal, str) else getattr(signal, "__temporal_signal_definition").name
         if self._temporal.unreachable:
             raise RPCError("connection refused", RPCStatusCode.UNAVAILABLE, b"")
         if self.id not in self._temporal.running:

@@ -81,3 +81,54 @@ def test_no_package_cycle() -> None:
 
     for package in ALLOWED:
         visit(package, ())
+
+
+# -- the REST API sees the gateway through its facade; signals are named once -----------------------------------
+
+PRODUCT = ("activities", "api", "cli", "core", "gateway", "workflows", "worker")
+
+
+def facade_violations(sources: list[Path]) -> list[str]:
+    """``api/`` imports ``gateway`` (its ``__init__``: the ``Gateway`` and what its methods take and return), never
+    a module inside it."""
+    found = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                     else [])
+            found += [f"{path.name} imports {n}" for n in names if n.startswith("gateway.")]
+    return found
+
+
+def string_signals(sources: list[Path]) -> list[str]:
+    """A signal sent by a string of its own (``handle.signal("x", ...)``, ``start_signal="x"``) rather than by the
+    workflow's method or the contract's ``Signal`` name."""
+    found = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.Call):
+                continue
+            literal = [a for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "signal" and literal:
+                found.append(f"{path.name}:{node.lineno} signal({literal[0].value!r})")
+            found += [f"{path.name}:{node.lineno} start_signal={k.value.value!r}" for k in node.keywords
+                      if k.arg == "start_signal" and isinstance(k.value, ast.Constant)]
+    return found
+
+
+def test_the_api_sees_only_the_gateways_facade() -> None:
+    assert facade_violations(_sources("api")) == []
+
+
+def test_no_signal_is_sent_by_a_string_of_its_own() -> None:
+    assert [v for package in PRODUCT for v in string_signals(_sources(package))] == []
+
+
+def test_the_facade_and_signal_rules_catch_a_breach(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from gateway.hub import Hub\nimport gateway.runtime\nfrom gateway import Gateway\n"
+                   "async def f(h, c):\n    await h.signal('removed', 1)\n    await h.signal(W.removed, 1)\n"
+                   "    await c.start_workflow(x, start_signal='connected')\n")
+    assert facade_violations([bad]) == ["bad.py imports gateway.hub", "bad.py imports gateway.runtime"]
+    assert string_signals([bad]) == ["bad.py:5 signal('removed')", "bad.py:7 start_signal='connected'"]

@@ -4,11 +4,14 @@ its activities (stubs: the database ones are implemented in ``activities.registr
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeAlias
 
 from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError
 
 from workflows.contracts.common import (
     STUB,
@@ -17,8 +20,19 @@ from workflows.contracts.common import (
     ConnectedSignal,
     ExecutorInfo,
     ExecutorStatus,
+    lifecycle_workflow_id,
 )
 from workflows.contracts.orphans import OrphanInfo
+
+
+class Signal:
+    """The lifecycle workflow's signals, each named once: its handlers are registered under these names, and every
+    sender (``start_signal`` of a signal-with-start included) names them so, never by a string of its own."""
+
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+    PEER_AVAILABLE = "peer_available"
+    REMOVED = "removed"
 
 # The workflow's status before it has recorded the executor once: never written to the registry, never shown by
 # the REST API, so it is not an ``ExecutorStatus``. Carried state of that age says "NEW", so it stays a string.
@@ -40,6 +54,15 @@ class PeerAvailableSignal:
 
     executor_id: str
     app_version: str = ""
+
+
+async def wake_recoveries(client: Client, org: str, app: str, dead: list[str], signal: PeerAvailableSignal) -> None:
+    """Tell DEAD executors' workflows that a peer may be available, so one waiting for a peer looks now rather than
+    at its next check; best effort (a workflow that ended meanwhile has nothing waiting)."""
+    for executor_id in dead:
+        handle = client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
+        with contextlib.suppress(RPCError):
+            await handle.signal(Signal.PEER_AVAILABLE, signal)
 
 
 @dataclass
