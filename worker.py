@@ -37,7 +37,7 @@ from activities.orphans import OrphanActivities
 from activities.reconcile import ReconcileActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
-from core.models import make_engine
+from core.models import open_engine
 from core.settings import Settings
 from core.store import Store
 from core.temporal import connect, temporal_connection
@@ -126,7 +126,8 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         task_queue=task_queue,
         workflows=[ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow, AppRetentionWorkflow,
                    AlertsWorkflow, OwnAlertWorkflow, OrphanSweepWorkflow, ReconcileWorkflow],
-        activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all(), *GateActivities(store).all(),
+        activities=[*RegistryActivities(store).all(), *RetentionActivities(store).all(),
+                    *GateActivities(store, settings.recovery_policy if settings else None).all(),
                     *alerts.all(), *OwnAlertActivities(store, settings).all(), *OrphanActivities(store).all(),
                     *ReconcileActivities(store).all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
@@ -142,7 +143,7 @@ async def run(settings: Settings, stop: asyncio.Event, *, client: Client | None 
     """Run the worker until ``stop`` is set, on ``client`` (the start-up check's: ``core.temporal.start_client``),
     or on a client of its own to the Temporal the environment names."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-    store = Store(make_engine(settings.db_url))
+    store = Store(open_engine(settings))
     client = client or await connect(temporal_connection(settings))
     async with build_worker(client, store, settings=settings):
         log.info("worker running on task queue %s", SHARED_TASK_QUEUE)

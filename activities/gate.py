@@ -12,7 +12,6 @@ from temporalio import activity
 
 from activities.database import database_calls
 from core.gate import GatePolicy, breaker_event_key
-from core.settings import RecoverySettings
 from core.store import Store
 from workflows.contracts.common import Activity
 from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
@@ -20,18 +19,14 @@ from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
 log = logging.getLogger("relay.worker")
 
 
-def policy_of(settings: RecoverySettings) -> GatePolicy:
-    return GatePolicy(storm_share=settings.storm_share, storm_min=settings.storm_min_executors,
-                      window=settings.storm_window, pace=settings.pace, pause_recheck=settings.pause_recheck)
-
-
 class GateActivities:
-    """Bound to one ``Store`` and the gate's policy (default: the ``RELAY_RECOVERY_*`` environment, read once)."""
+    """Bound to one ``Store`` and the gate's policy (the worker's ``Settings.recovery_policy``; tests: the
+    defaults)."""
 
     def __init__(self, store: Store, policy: GatePolicy | None = None) -> None:
         self._store = store
         self._db = database_calls(store)
-        self.policy = policy or policy_of(RecoverySettings())
+        self.policy = policy or GatePolicy()
 
     @activity.defn(name=Activity.ADMIT_RECOVERY)
     async def admit_recovery(self, input: AdmitRecoveryInput) -> AdmitRecoveryReply:

@@ -13,7 +13,7 @@ from temporalio.client import Client
 from api import problems
 from api.routes import alerts, apps, docs, health, metrics, queues, safety, schedules, unsupported, versions, workflows
 from core.logs import install_redaction
-from core.models import make_engine
+from core.models import open_engine
 from core.settings import Settings
 from core.store import Store
 from core.temporal import connect, temporal_connection
@@ -38,7 +38,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Cl
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         install_redaction()
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        store = Store(make_engine(settings.db_url))
+        store = Store(open_engine(settings))
         gateway = Gateway(settings=settings, store=store,
                           client=client or await connect(temporal_connection(settings)))
         app.state.store = store

@@ -32,7 +32,7 @@ from cli import tables
 from cli.tables import DURATION_UNITS, Json, format_duration
 from core import migrations, units
 from core.errors import RelayError
-from core.models import engine_url, make_engine, utcnow
+from core.models import engine_url, open_engine, utcnow
 from core.names import DEFAULT_ORG
 from core.settings import Settings
 from core.store import SYSTEM_SUBJECT, Store
@@ -390,7 +390,7 @@ def _local_store(settings: Settings, *, init: bool = False) -> Store:
                  "runs, or set RELAY_DATA_DIR or RELAY_DATABASE_URL to Relay's database (or call the REST API with "
                  "an API key); `relay keys create --init` creates a new database there")
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return Store(make_engine(settings.db_url))
+    return Store(open_engine(settings))
 
 
 def keys_create_local(args: argparse.Namespace, settings: Settings) -> None:

@@ -22,7 +22,7 @@ from cli import workflows as workflows_cli
 from core.errors import SchemaVersionError
 from core.logs import configure as configure_logging
 from core.logs import install_redaction
-from core.models import make_engine
+from core.models import open_engine
 from core.names import DEFAULT_ORG
 from core.settings import Settings
 
@@ -127,7 +127,7 @@ def _check_schema(settings: Settings) -> None:
     one is upgraded here. A database that cannot be reached is the process's own to meet, as before."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     try:
-        make_engine(settings.db_url).dispose()
+        open_engine(settings).dispose()
     except SchemaVersionError as err:
         log.error("cannot start: %s", err.detail)
         raise SystemExit(1) from None

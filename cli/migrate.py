@@ -33,7 +33,8 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> None:
 def _upgrade(settings: Settings) -> None:
     if settings.database_url is None:  # SQLite in the data dir: the directory may not exist yet on a first run
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.db_url, migrate=True)  # upgrades under the migration lock, or finds it at head
+    # Upgrades under the migration lock, or finds it at head.
+    engine = make_engine(settings.db_url, settings.database_pool, migrate=True)
     try:
         with engine.connect() as conn:
             revision = migrations.current(conn)

@@ -38,7 +38,7 @@ from cli.devserver import TemporalDevServer
 from cli.worker_health import Polling, WorkerReadiness
 from core import metrics, units
 from core.errors import AuthError
-from core.models import make_engine
+from core.models import open_engine
 from core.names import DEFAULT_ORG
 from core.settings import Settings
 from core.store import Store
@@ -180,7 +180,7 @@ def _metrics(settings: Settings, *, registry: bool,
     engine = None
     if (registry or probes is not None) and settings.metrics_port:
         try:
-            engine = make_engine(settings.db_url)
+            engine = open_engine(settings)
         except Exception as err:
             log.warning("relay_executors not exported: the database is unavailable: %s", type(err).__name__)
     readiness: metrics.Readiness | None = None
@@ -203,7 +203,7 @@ async def dev(settings: Settings) -> None:
     async with contextlib.AsyncExitStack() as stack:
         if settings.embedded_temporal:  # started first, stopped last, restarted whenever it dies in between
             await stack.enter_async_context(TemporalDevServer(settings).running(stop))
-        store = Store(make_engine(settings.db_url))
+        store = Store(open_engine(settings))
         key = dev_key(settings, store)
         store.engine.dispose()
         temporal = await _temporal(settings, stop, embedded=settings.embedded_temporal)

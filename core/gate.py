@@ -39,7 +39,7 @@ DOWN = frozenset({"DISCONNECTED", "DEAD"})
 
 @dataclass(frozen=True)
 class GatePolicy:
-    """``RELAY_RECOVERY_*`` (``core.settings.RecoverySettings``)."""
+    """``RELAY_RECOVERY_*`` (``core.settings.Settings.recovery_policy``)."""
 
     storm_share: float = 0.5
     storm_min: int = 3

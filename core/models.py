@@ -16,7 +16,7 @@ from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, 
 from sqlmodel import Field, SQLModel, create_engine
 
 from core import migrations
-from core.settings import DatabaseSettings, Settings
+from core.settings import DatabasePool, Settings
 from workflows.contracts.common import ExecutorStatus
 
 
@@ -215,13 +215,19 @@ def engine_url(url: str) -> str:
     return url
 
 
-def make_engine(url: str, database: DatabaseSettings | None = None, *, migrate: bool | None = None) -> Engine:
-    """Engine on a database at the newest schema (``core.migrations``). With ``migrate`` (default:
-    RELAY_MIGRATE_ON_START, true unless set) an older database is upgraded first, safely when several processes
-    start at once; without, it is only checked, with no DDL. A database this code cannot run on, newer than its head
-    or (without ``migrate``) older, raises ``SchemaVersionError``. SQLite gets WAL and a busy timeout: gateway
-    and worker share the file. PostgreSQL (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged
-    pool sized, and a statement timeout, from ``database`` (default: the ``RELAY_DATABASE_*`` environment)."""
+def open_engine(settings: Settings) -> Engine:
+    """The process's engine, as its settings say: RELAY_DATABASE_URL (or the data dir's SQLite file), its pool,
+    and whether it migrates on start (RELAY_MIGRATE_ON_START)."""
+    return make_engine(settings.db_url, settings.database_pool, migrate=settings.migrate_on_start)
+
+
+def make_engine(url: str, database: DatabasePool | None = None, *, migrate: bool = True) -> Engine:
+    """Engine on a database at the newest schema (``core.migrations``). With ``migrate`` an older database is
+    upgraded first, safely when several processes start at once; without, it is only checked, with no DDL. A
+    database this code cannot run on, newer than its head or (without ``migrate``) older, raises
+    ``SchemaVersionError``. SQLite gets WAL and a busy timeout: gateway and worker share the file. PostgreSQL
+    (``postgresql+psycopg://``, the ``postgres`` extra) gets a pre-pinged pool sized, and a statement timeout, from
+    ``database`` (default: ``DatabasePool``'s). A process opens its store with ``open_engine``."""
     url = engine_url(url)
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -234,7 +240,7 @@ def make_engine(url: str, database: DatabaseSettings | None = None, *, migrate: 
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
     else:
-        db = database or DatabaseSettings()
+        db = database or DatabasePool()
         # Pre-ping: a pooled connection that a restarted PostgreSQL dropped is replaced at checkout instead of
         # failing the next query. A connect timeout (libpq's, in seconds) keeps an unreachable host from holding a
         # request or an activity for the kernel's TCP timeout (minutes): it fails, and is retried, in seconds.
@@ -245,8 +251,6 @@ def make_engine(url: str, database: DatabaseSettings | None = None, *, migrate: 
                 args["options"] = f"-c statement_timeout={round(db.statement_timeout_secs * 1000)}"
         engine = create_engine(url, pool_pre_ping=True, pool_size=db.pool_size, max_overflow=db.max_overflow,
                                pool_timeout=db.pool_timeout_secs, connect_args=args)
-    if migrate is None:
-        migrate = Settings().migrate_on_start
     try:
         if migrate:
             migrations.upgrade(engine)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import uuid
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -14,51 +15,21 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from core import units
+from core.gate import GatePolicy
 
 
-class DatabaseSettings(BaseSettings):
-    """Relay's connection pool on PostgreSQL (``RELAY_DATABASE_*``; SQLite ignores them). Read by ``make_engine``
-    itself, so every process that opens the store applies them."""
-
-    model_config = SettingsConfigDict(env_prefix="RELAY_DATABASE_", extra="ignore")
+@dataclass(frozen=True)
+class DatabasePool:
+    """Relay's connection pool on PostgreSQL (``Settings``' ``RELAY_DATABASE_*``; SQLite ignores it), as
+    ``core.models.make_engine`` applies it."""
 
     # Connections kept open per process (gateway, worker), and how many more it may open under load.
-    pool_size: int = Field(default=5, ge=1)
-    max_overflow: int = Field(default=10, ge=0)
+    pool_size: int = 5
+    max_overflow: int = 10
     # How long a request or activity waits for a free pooled connection before it fails (as unavailable: 503).
-    pool_timeout_secs: float = Field(default=30, gt=0)
+    pool_timeout_secs: float = 30
     # PostgreSQL's statement_timeout for Relay's sessions; 0: none (the server's own setting).
-    statement_timeout_secs: float = Field(default=0, ge=0)
-
-
-class RecoverySettings(BaseSettings):
-    """The recovery gate's policy (``RELAY_RECOVERY_*``; ``core.gate``): when a storm of deaths trips the breaker,
-    how fast recoveries then go, and how often a recovery held by a pause looks again. Read by the worker's gate
-    activities themselves (as ``make_engine`` reads ``DatabaseSettings``), so every worker applies them."""
-
-    model_config = SettingsConfigDict(env_prefix="RELAY_RECOVERY_", extra="ignore")
-
-    # The breaker trips when at least this share of an app's executors, and at least this many, went down (DEAD,
-    # or DISCONNECTED on their way to it) within the window.
-    storm_share: float = Field(default=0.5, gt=0, le=1)
-    storm_min_executors: int = Field(default=3, ge=1)
-    storm_window_secs: float = Field(default=60, gt=0)
-    # While it is tripped, and for the backlog a pause leaves, one recovery starts per this many seconds.
-    pace_secs: float = Field(default=5, gt=0)
-    # A recovery held by a pause asks again at least this often, so a pause lifted early lets it go soon after.
-    pause_recheck_secs: float = Field(default=15, gt=0)
-
-    @property
-    def storm_window(self) -> timedelta:
-        return units.seconds_to_timedelta(self.storm_window_secs)
-
-    @property
-    def pace(self) -> timedelta:
-        return units.seconds_to_timedelta(self.pace_secs)
-
-    @property
-    def pause_recheck(self) -> timedelta:
-        return units.seconds_to_timedelta(self.pause_recheck_secs)
+    statement_timeout_secs: float = 0
 
 
 class Settings(BaseSettings):
@@ -74,6 +45,22 @@ class Settings(BaseSettings):
     # Secrets may come from files instead (RELAY_DATABASE_URL_FILE, RELAY_API_KEY_FILE,
     # RELAY_ALERT_WEBHOOK_SECRET_FILE: a mounted Kubernetes or Docker secret), never both (``_secrets_from_files``).
     database_url_file: Path | None = None
+    # Relay's connection pool on PostgreSQL (SQLite ignores these): connections kept open per process (gateway,
+    # worker), how many more it may open under load, how long a request or activity waits for a free one (then it
+    # fails as unavailable: 503, or a retry), and PostgreSQL's statement_timeout for its sessions (0: the server's).
+    database_pool_size: int = Field(default=5, ge=1)
+    database_max_overflow: int = Field(default=10, ge=0)
+    database_pool_timeout_secs: float = Field(default=30, gt=0)
+    database_statement_timeout_secs: float = Field(default=0, ge=0)
+    # The recovery gate's policy (``core.gate``): the breaker trips when at least this share of an app's executors,
+    # and at least this many, went down (DEAD, or DISCONNECTED on their way to it) within the window; while it is
+    # tripped, and for the backlog a pause leaves, one recovery starts per pace; a recovery held by a pause asks
+    # again at least every recheck, so a pause lifted early lets it go soon after.
+    recovery_storm_share: float = Field(default=0.5, gt=0, le=1)
+    recovery_storm_min_executors: int = Field(default=3, ge=1)
+    recovery_storm_window_secs: float = Field(default=60, gt=0)
+    recovery_pace_secs: float = Field(default=5, gt=0)
+    recovery_pause_recheck_secs: float = Field(default=15, gt=0)
     # The admin CLI's key for the REST API (its --api-key wins).
     api_key: SecretStr | None = None
     api_key_file: Path | None = None
@@ -172,6 +159,19 @@ class Settings(BaseSettings):
     @property
     def origins(self) -> frozenset[str]:
         return frozenset(o.strip() for o in self.allowed_origins.split(",") if o.strip())
+
+    @property
+    def database_pool(self) -> DatabasePool:
+        return DatabasePool(pool_size=self.database_pool_size, max_overflow=self.database_max_overflow,
+                            pool_timeout_secs=self.database_pool_timeout_secs,
+                            statement_timeout_secs=self.database_statement_timeout_secs)
+
+    @property
+    def recovery_policy(self) -> GatePolicy:
+        return GatePolicy(storm_share=self.recovery_storm_share, storm_min=self.recovery_storm_min_executors,
+                          window=units.seconds_to_timedelta(self.recovery_storm_window_secs),
+                          pace=units.seconds_to_timedelta(self.recovery_pace_secs),
+                          pause_recheck=units.seconds_to_timedelta(self.recovery_pause_recheck_secs))
 
     @property
     def db_url(self) -> str:

@@ -13,7 +13,7 @@ from sqlmodel import Session, SQLModel, select
 
 from core import migrations
 from core.models import Application, make_engine
-from core.settings import DatabaseSettings
+from core.settings import DatabasePool
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.unit.test_migrations import (
     check_filled,
@@ -99,7 +99,7 @@ def test_many_processes_opening_a_new_database_at_once(cluster: PostgresCluster)
 
 def test_pool_size_and_statement_timeout_settings(cluster: PostgresCluster) -> None:
     engine = make_engine(cluster.create_database("settings"),
-                         DatabaseSettings(pool_size=2, max_overflow=1, statement_timeout_secs=1.5))
+                         DatabasePool(pool_size=2, max_overflow=1, statement_timeout_secs=1.5))
     assert (engine.pool.size(), engine.pool._max_overflow) == (2, 1)  # type: ignore[attr-defined]
     with engine.connect() as conn:
         assert conn.execute(text("SHOW statement_timeout")).scalar() == "1500ms"

@@ -30,7 +30,8 @@ from sqlalchemy.exc import OperationalError
 
 from core import migrations
 from core.errors import SchemaVersionError
-from core.models import make_engine, utcnow
+from core.models import make_engine, open_engine, utcnow
+from core.settings import Settings
 from core.store import Store
 from tests.e2e.test_temporal_tls import make_pki
 from tests.postgres import PostgresCluster, postgres_cluster
@@ -108,7 +109,7 @@ def test_processes_run_without_create_rights_once_relay_migrate_has_run(
         conn.execute("CREATE TABLE probe (x integer)")
 
     monkeypatch.setenv("RELAY_MIGRATE_ON_START", "false")
-    store = Store(make_engine(roles.app_url))
+    store = Store(open_engine(Settings(database_url=roles.app_url)))
     try:
         store.ensure_app("local", "orders")  # a row and its audit row
         assert store.write_audit(org="local", operation="test.written", app="orders", event_key="once")
@@ -123,7 +124,7 @@ def test_processes_run_without_create_rights_once_relay_migrate_has_run(
     # The schema behind the code (an older release's database): refused, naming both revisions, nothing run.
     downgrade(roles.owner_url, BEHIND)
     with pytest.raises(SchemaVersionError) as refused:
-        make_engine(roles.app_url)
+        make_engine(roles.app_url, migrate=False)
     assert str(refused.value) == f"database schema is at {BEHIND}, this Relay needs {HEAD}: run `relay migrate`"
     # A process says it in one line and exits 1, before it reaches for Temporal.
     gateway = Process([str(VENV_BIN / "relay"), "gateway"], log=tmp_path / "gateway.log", env=relay_env(
@@ -146,7 +147,7 @@ def test_processes_run_without_create_rights_once_relay_migrate_has_run(
 
     # The release step again, then the processes start.
     assert relay_migrate(tmp_path, roles.owner_url).returncode == 0
-    make_engine(roles.app_url).dispose()
+    make_engine(roles.app_url, migrate=False).dispose()
 
 
 def test_migrate_sql_is_the_migration(roles: Roles, tmp_path: Path) -> None:

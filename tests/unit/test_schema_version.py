@@ -18,7 +18,8 @@ from sqlalchemy import create_engine, inspect, text
 
 from core import migrations
 from core.errors import SchemaVersionError
-from core.models import make_engine
+from core.models import make_engine, open_engine
+from core.settings import Settings
 from core.store import Store
 from tests.support import VENV_BIN, Process, free_port, relay_env
 from tests.unit.test_migrations import legacy_create_all, revision, schema_differences
@@ -114,8 +115,8 @@ def test_at_head_the_store_opens_without_migrating_and_works(tmp_path: Path,
                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
     make_engine(url, migrate=True).dispose()
-    monkeypatch.setenv("RELAY_MIGRATE_ON_START", "false")  # what make_engine reads when not told
-    store = Store(make_engine(url))
+    monkeypatch.setenv("RELAY_MIGRATE_ON_START", "false")  # what a process's engine follows (open_engine)
+    store = Store(open_engine(Settings(database_url=url)))
     try:
         store.ensure_app("local", "orders")
         assert [a.operation for a in store.list_audit("local")] == ["app.registered"]
@@ -123,7 +124,7 @@ def test_at_head_the_store_opens_without_migrating_and_works(tmp_path: Path,
         store.engine.dispose()
     at_revision(url := f"sqlite:///{tmp_path / 'old.db'}", BEHIND)
     with pytest.raises(SchemaVersionError):  # the environment's false, again: checked, not upgraded
-        make_engine(url)
+        open_engine(Settings(database_url=url))
 
 
 # -- the processes: one line, exit 1, before anything starts ------------------------------------------------------
