@@ -16,28 +16,37 @@ import contextlib
 import json
 import logging
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, NoReturn
-from urllib.parse import quote
+from typing import Any
 
-import httpx
 import sqlalchemy as sa
 
 from cli import tables
-from cli.tables import DURATION_UNITS, Json, format_duration
+from cli.common import (
+    Api,
+    Handler,
+    api_key,
+    api_of,
+    app_argument,
+    client_options,
+    emit,
+    fail,
+    instant,
+    iso,
+    parse_duration,
+    path_part,
+)
+from cli.tables import Json, format_duration
 from core import migrations, units
 from core.errors import RelayError
-from core.models import engine_url, open_engine, utcnow
-from core.names import DEFAULT_ORG
+from core.models import engine_url, open_engine
 from core.settings import Settings
 from core.store import SYSTEM_SUBJECT, Store
 
-_DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 # Audit rows are stamped by their writer (gateway or worker) before they commit, so one may appear after a
 # later-stamped one was already read: --follow re-reads this far back and skips the ids it has printed.
 FOLLOW_OVERLAP = timedelta(seconds=30)
@@ -51,21 +60,10 @@ _CONFIRMED = [
     ("global_timeout", "global-timeout",
      "PENDING, ENQUEUED and DELAYED workflows created more than {} ago are cancelled"),
 ]
-Handler = Callable[[argparse.Namespace, Settings], None]
 
 # -- parsing ---------------------------------------------------------------------------------------------------
 
 
-def parse_duration(text: str) -> timedelta:
-    """``90s``, ``15m``, ``12h``, ``7d``, ``500ms`` or a sequence of them (``1h30m``); whole numbers only."""
-    s = text.strip().lower()
-    parts = _DURATION.findall(s)
-    if not s or "".join(n + u for n, u in parts) != s:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r} (examples: 90s, 15m, 12h, 7d, 500ms)")
-    try:
-        return sum((timedelta(**{DURATION_UNITS[u]: int(n)}) for n, u in parts), timedelta())
-    except OverflowError:
-        raise argparse.ArgumentTypeError(f"duration {text!r} is too large") from None
 
 
 def _integer(text: str) -> int:
@@ -98,19 +96,6 @@ def _or_clear(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return lambda text: None if text.strip().lower() in ("none", "null") else parse(text)
 
 
-def _instant(text: str) -> datetime:
-    """An ISO 8601 instant with its zone, or a duration meaning that long ago (``1h``)."""
-    try:
-        return utcnow() - parse_duration(text)
-    except argparse.ArgumentTypeError:
-        pass
-    try:
-        value = datetime.fromisoformat(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an ISO 8601 time or a duration: {text!r}") from None
-    if value.tzinfo is None:
-        raise argparse.ArgumentTypeError(f"{text!r} has no time zone (add Z or +00:00)")
-    return value
 
 
 def settings_body(args: argparse.Namespace) -> dict[str, Json]:
@@ -150,93 +135,36 @@ def confirm_short_thresholds(args: argparse.Namespace) -> None:
 # -- the REST client -------------------------------------------------------------------------------------------
 
 
-def fail(message: str) -> NoReturn:
-    raise SystemExit(f"relay: {message}")  # printed on stderr, exit status 1
 
 
-def problem_message(response: httpx.Response) -> str:
-    """The problem+json ``detail`` and each of its ``errors``; the status line for any other body."""
-    try:
-        body = response.json()
-    except ValueError:
-        body = None
-    if not isinstance(body, dict) or not body.get("detail"):
-        return f"HTTP {response.status_code} {response.reason_phrase}"
-    errors = [e for e in body.get("errors") or [] if isinstance(e, dict)]
-    return "\n".join([str(body["detail"]), *(f"  {e.get('location', '?')}: {e.get('message', '')}"
-                                             f" (got {json.dumps(e.get('value'))})" for e in errors)])
 
 
-def api_key(args: argparse.Namespace, settings: Settings) -> str | None:
-    """--api-key, else RELAY_API_KEY (or the file RELAY_API_KEY_FILE names: ``Settings``)."""
-    if getattr(args, "api_key", None):
-        return str(args.api_key)
-    return (settings.api_key.get_secret_value() or None) if settings.api_key is not None else None
 
 
-class Api:
-    """The REST API of one org, called with one key."""
-
-    def __init__(self, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
-        self.url, self.org = url.rstrip("/"), org
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Bearer {key}"})
-
-    def call(self, method: str, path: str, *, body: Json = None, params: dict[str, Any] | None = None) -> Json:
-        response = self._request(method, path, body=body, params=params)
-        if response.is_error:
-            fail(problem_message(response))
-        return response.json() if response.content else None
-
-    def find(self, path: str) -> Json:
-        """GET ``path``: its body, or None when it is not found (404)."""
-        response = self._request("GET", path)
-        if response.status_code == 404:
-            return None
-        if response.is_error:
-            fail(problem_message(response))
-        return response.json()
-
-    def _request(self, method: str, path: str, *, body: Json = None,
-                 params: dict[str, Any] | None = None) -> httpx.Response:
-        try:
-            return self._client.request(method, f"/v2/orgs/{quote(self.org, safe='')}{path}", json=body,
-                                        params=params)
-        except httpx.HTTPError as err:
-            fail(f"cannot reach Relay at {self.url}: {err}")
 
 
-def _api(args: argparse.Namespace, settings: Settings) -> Api:
-    key = api_key(args, settings)
-    if key is None:
-        fail("no API key: set RELAY_API_KEY (or RELAY_API_KEY_FILE) or pass --api-key")
-    host = "127.0.0.1" if settings.host in ("", "0.0.0.0", "::") else settings.host  # a bind-all address
-    return Api(args.url or f"http://{f'[{host}]' if ':' in host else host}:{settings.port}", key, args.org)
 
 
-def _name(value: str) -> str:
-    return "/" + quote(value, safe="")
 
 
-def _emit(args: argparse.Namespace, data: Json, render: Callable[[Json], str]) -> None:
-    print(json.dumps(data, indent=2) if args.output == "json" else render(data), flush=True)
 
 
 # -- commands --------------------------------------------------------------------------------------------------
 
 
 def _apps_list(args: argparse.Namespace, settings: Settings) -> None:
-    _emit(args, _api(args, settings).call("GET", "/apps"), tables.apps_table)
+    emit(args, api_of(args, settings).call("GET", "/apps"), tables.apps_table)
 
 
 def _apps_get(args: argparse.Namespace, settings: Settings) -> None:
-    _emit(args, _api(args, settings).call("GET", "/apps" + _name(args.name)), tables.app_card)
+    emit(args, api_of(args, settings).call("GET", "/apps" + path_part(args.name)), tables.app_card)
 
 
 def _apps_register(args: argparse.Namespace, settings: Settings) -> None:
     """registerApp, then the settings given (updateApp). As registerApp changes nothing of an app that exists but
     ``privateMode``, registering an existing app with other settings is refused, changing nothing: that is
     ``relay apps update``'s job. Either way the CLI says when the app already existed."""
-    api, path, body = _api(args, settings), "/apps" + _name(args.name), settings_body(args)
+    api, path, body = api_of(args, settings), "/apps" + path_part(args.name), settings_body(args)
     private = {"privateMode": body.pop("privateMode")} if "privateMode" in body else None
     existed = api.find(path) is not None
     if existed and body:
@@ -249,30 +177,28 @@ def _apps_register(args: argparse.Namespace, settings: Settings) -> None:
     if existed:
         print(f"relay: application {args.name!r} was already registered"
               + ("; --private-mode applied" if private else "; nothing changed"), file=sys.stderr, flush=True)
-    _emit(args, api.call("GET", path), tables.app_card)
+    emit(args, api.call("GET", path), tables.app_card)
 
 
 def _apps_update(args: argparse.Namespace, settings: Settings) -> None:
     if not (body := settings_body(args)):
         fail("nothing to change: give at least one setting (see relay apps update --help)")
     confirm_short_thresholds(args)
-    api, path = _api(args, settings), "/apps" + _name(args.name)
+    api, path = api_of(args, settings), "/apps" + path_part(args.name)
     api.call("PATCH", path, body=body)
-    _emit(args, api.call("GET", path), tables.app_card)
+    emit(args, api.call("GET", path), tables.app_card)
 
 
 def _apps_delete(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("DELETE", "/apps" + _name(args.name))
+    api_of(args, settings).call("DELETE", "/apps" + path_part(args.name))
     if args.output == "table":
         print(f"deleted {args.name}")
 
 
 def _executors_list(args: argparse.Namespace, settings: Settings) -> None:
-    _emit(args, _api(args, settings).call("GET", f"/apps{_name(args.app)}/executors"), tables.executors_table)
+    emit(args, api_of(args, settings).call("GET", f"/apps{path_part(args.app)}/executors"), tables.executors_table)
 
 
-def _iso(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def _emit_time(entry: dict[str, Json]) -> datetime:
@@ -283,15 +209,15 @@ def _emit_time(entry: dict[str, Json]) -> datetime:
 def _audit(args: argparse.Namespace, settings: Settings) -> None:
     if args.follow and args.end_time:
         fail("--follow and --end-time do not go together")
-    api = _api(args, settings)
+    api = api_of(args, settings)
     filters = {k: v for k, v in [("operation", args.operation), ("subject", args.subject), ("target", args.target),
-                                 ("startTime", args.start_time and _iso(args.start_time)),
-                                 ("endTime", args.end_time and _iso(args.end_time))] if v}
+                                 ("startTime", args.start_time and iso(args.start_time)),
+                                 ("endTime", args.end_time and iso(args.end_time))] if v}
     limit = 20 if args.follow and args.limit is None else args.limit
     page = {k: v for k, v in [("limit", limit), ("offset", args.offset)] if v is not None}
     entries = api.call("GET", "/audit-logs", params={**filters, **page})
     if not args.follow:
-        return _emit(args, entries, tables.audit_table)
+        return emit(args, entries, tables.audit_table)
     with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how --follow ends
         _follow(api, filters, entries, json_lines=args.output == "json", interval=args.interval,
                 floor=args.start_time)
@@ -312,7 +238,7 @@ def _follow(api: Api, filters: dict[str, Any], initial: list[dict[str, Json]], *
         start = max([max(seen.values()) - FOLLOW_OVERLAP, *([floor] if floor else [])])
         for old in [k for k, t in seen.items() if t < start]:  # never returned again: bounded memory
             del seen[old]
-        return {**filters, "startTime": _iso(start)}
+        return {**filters, "startTime": iso(start)}
 
     if not json_lines:
         print(tables.audit_line(None), flush=True)
@@ -337,18 +263,18 @@ def _audit_pages(api: Api, filters: dict[str, Any]) -> Iterator[dict[str, Json]]
 
 def _keys_create(args: argparse.Namespace, settings: Settings) -> None:
     body = {"appNames": args.app} if args.app else {}
-    _emit(args, _api(args, settings).call("POST", "/tokens" + _name(args.name), body=body), lambda c: c["token"])
+    emit(args, api_of(args, settings).call("POST", "/tokens" + path_part(args.name), body=body), lambda c: c["token"])
 
 
 def _keys_list(args: argparse.Namespace, settings: Settings) -> None:
     local = api_key(args, settings) is None
-    tokens = _local_tokens(settings, args.org) if local else _api(args, settings).call("GET", "/tokens")
-    _emit(args, tokens, tables.tokens_table)
+    tokens = _local_tokens(settings, args.org) if local else api_of(args, settings).call("GET", "/tokens")
+    emit(args, tokens, tables.tokens_table)
 
 
 def _keys_revoke(args: argparse.Namespace, settings: Settings) -> None:
     if api_key(args, settings):
-        _api(args, settings).call("DELETE", "/tokens" + _name(args.name))
+        api_of(args, settings).call("DELETE", "/tokens" + path_part(args.name))
     else:
         _local_revoke(settings, args.org, args.name)
     if args.output == "table":
@@ -434,47 +360,12 @@ def _local_revoke(settings: Settings, org: str, name: str) -> None:
 # -- the parser ------------------------------------------------------------------------------------------------
 
 
-def _client_options(p: argparse.ArgumentParser, *, org: bool = True) -> None:
-    p.add_argument("--url", help="Relay's REST API (default: http://$RELAY_HOST:$RELAY_PORT)")
-    p.add_argument("--api-key", help="API key (default: $RELAY_API_KEY)")
-    if org:
-        p.add_argument("--org", default=DEFAULT_ORG)
-    p.add_argument("--output", "-o", choices=("table", "json"), default="table")
 
 
-# A parser's default under this name is a check of what it parsed, run by ``cli.main.RelayParser`` right after it
-# parsed: it may complete the namespace, and returns what is wrong (the parser's usage error), or None.
-AFTER_PARSE = "after_parse"
 
 
-def app_argument(p: argparse.ArgumentParser, *positional: str, variadic: str | None = None,
-                 help: str = "the application") -> None:
-    """The application a command is about, as ``--app NAME`` or as its first argument (``relay executors list
-    orders``, ``relay workflows get orders <id>``), then the command's own ``positional`` arguments; or, for a
-    command taking a list (``variadic``: ``relay workflows cancel [APP] ID...``), the list, whose first item is the
-    application when --app is not given."""
-    p.add_argument("--app", "-a", help=f"{help} (or give it as the first argument)")
-    if variadic is None:
-        p.add_argument("app_arg", nargs="?", metavar="APP", help=f"{help}, if not given as --app")
-        for arg in positional:
-            p.add_argument(arg)
-    else:
-        p.add_argument(variadic, nargs="+", metavar=variadic.removesuffix("s"),
-                       help="one or more; without --app, the application comes first")
-    p.set_defaults(**{AFTER_PARSE: lambda args: _take_app(args, variadic)})
 
 
-def _take_app(args: argparse.Namespace, variadic: str | None) -> str | None:
-    given = getattr(args, "app_arg", None)
-    if variadic is not None and args.app is None:
-        given, rest = getattr(args, variadic)[0], getattr(args, variadic)[1:]
-        if not rest:
-            return f"give the application and at least one {variadic.removesuffix('s')}, or --app"
-        setattr(args, variadic, rest)
-    if given is not None and args.app is not None and given != args.app:
-        return f"the application is given twice: {given!r} and --app {args.app!r}"
-    args.app = args.app or given
-    return None if args.app else "the application is missing: give it as the first argument or as --app"
 
 
 def _setting_options(p: argparse.ArgumentParser) -> None:
@@ -505,7 +396,7 @@ def add_commands(sub: Any, keys: Any) -> None:
     def command(parent: Any, name: str, handler: Handler, help: str, *positional: str) -> argparse.ArgumentParser:
         p: argparse.ArgumentParser = parent.add_parser(name, help=help)
         p.set_defaults(admin=handler)
-        _client_options(p)
+        client_options(p)
         for arg in positional:
             p.add_argument(arg)
         return p
@@ -527,8 +418,8 @@ def add_commands(sub: Any, keys: Any) -> None:
     audit.add_argument("--follow", "-f", action="store_true")
     audit.add_argument("--interval", type=parse_duration, default=timedelta(seconds=2), metavar="DURATION",
                        help="how often --follow polls (default 2s)")
-    audit.add_argument("--start-time", type=_instant, help="an ISO 8601 time, or a duration: 1h is an hour ago")
-    audit.add_argument("--end-time", type=_instant)
+    audit.add_argument("--start-time", type=instant, help="an ISO 8601 time, or a duration: 1h is an hour ago")
+    audit.add_argument("--end-time", type=instant)
     for name in ("operation", "subject", "target"):
         audit.add_argument(f"--{name}")
     audit.add_argument("--limit", type=int)
@@ -538,7 +429,7 @@ def add_commands(sub: Any, keys: Any) -> None:
     create.set_defaults(admin=_keys_create)
     create.epilog = ("With an API key this calls createToken; with none, it writes to the local database "
                      "(RELAY_DATA_DIR's, or RELAY_DATABASE_URL), which must exist unless --init.")
-    _client_options(create, org=False)
+    client_options(create, org=False)
     create.add_argument("--init", action="store_true",
                         help="with no API key: create the local database if there is none yet (else refused)")
     command(keys, "list", _keys_list, "list keys (never their secrets)")

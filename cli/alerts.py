@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import Any
 
-from cli.admin import _api, _client_options, _emit, _name, app_argument, parse_duration
+from cli.common import api_of, command, emit, parse_duration, path_part
 from cli.tables import Json, format_duration, table, utc_time
 from core import units
 from core.settings import Settings
@@ -47,11 +47,11 @@ def rules_table(rules: list[dict[str, Json]]) -> str:
 
 
 def _path(args: argparse.Namespace) -> str:
-    return f"/apps{_name(args.app)}/alerting-rules"
+    return f"/apps{path_part(args.app)}/alerting-rules"
 
 
 def _list(args: argparse.Namespace, settings: Settings) -> None:
-    _emit(args, _api(args, settings).call("GET", _path(args)), rules_table)
+    emit(args, api_of(args, settings).call("GET", _path(args)), rules_table)
 
 
 def _create(args: argparse.Namespace, settings: Settings) -> None:
@@ -60,34 +60,27 @@ def _create(args: argparse.Namespace, settings: Settings) -> None:
         body["minIntervalSecs"] = args.min_interval
     if args.receiving_app:
         body["receivingAppName"] = args.receiving_app
-    rule = _api(args, settings).call("POST", _path(args), body=body)
-    _emit(args, rule, lambda r: f"created {r['ruleType']} rule {r['id']}")
+    rule = api_of(args, settings).call("POST", _path(args), body=body)
+    emit(args, rule, lambda r: f"created {r['ruleType']} rule {r['id']}")
 
 
 def _delete(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("DELETE", _path(args) + _name(args.rule_id))
+    api_of(args, settings).call("DELETE", _path(args) + path_part(args.rule_id))
     if args.output == "table":
         print(f"deleted rule {args.rule_id}", flush=True)
 
-
-def _command(group: Any, name: str, handler: Any, help: str, *positional: str) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = group.add_parser(name, help=help)
-    p.set_defaults(admin=handler)
-    _client_options(p)
-    app_argument(p, *positional)
-    return p
 
 
 def add_commands(sub: Any) -> None:
     """Add ``alerts list|create|delete`` to the ``relay`` command's ``sub``."""
     alerts = sub.add_parser("alerts", help="alerting rules: WorkflowFailure, SlowQueue, UnresponsiveApplication")
     group = alerts.add_subparsers(dest="alerts_command", required=True)
-    _command(group, "list", _list, "list an application's alerting rules")
-    create = _command(group, "create", _create, "create an alerting rule")
+    command(group, "list", _list, "list an application's alerting rules")
+    create = command(group, "create", _create, "create an alerting rule")
     create.add_argument("--type", required=True, choices=[t.value for t in RuleType])
     create.add_argument("--metadata", type=_metadata, default={}, metavar="JSON",
                         help='ruleMetadata, e.g. \'{"queueName": "orders", "thresholdSecs": 120}\' (default {})')
     create.add_argument("--min-interval", type=_min_interval, metavar="DURATION",
                         help="fire at most once per this long: 90s, 15m, 1h (default: no minimum)")
     create.add_argument("--receiving-app", help="the application that receives the alerts (default: --app)")
-    _command(group, "delete", _delete, "delete an alerting rule", "rule_id")
+    command(group, "delete", _delete, "delete an alerting rule", "rule_id")

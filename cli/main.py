@@ -19,6 +19,7 @@ from cli import migrate as migrate_cli
 from cli import safety as safety_cli
 from cli import temporal_setup as temporal_setup_cli
 from cli import workflows as workflows_cli
+from cli.common import AFTER_PARSE, api_key
 from core.errors import SchemaVersionError
 from core.logs import configure as configure_logging
 from core.logs import install_redaction
@@ -32,14 +33,14 @@ log = logging.getLogger("relay")
 class RelayParser(argparse.ArgumentParser):
     """argparse, and every subcommand's parser (``add_parser`` makes them of this class), with two additions: a
     mistyped subcommand, choice or option is answered with the closest valid one ("did you mean"), from the parser
-    of the command it was typed for; and a command's check of what it parsed (``cli.admin.AFTER_PARSE``) runs."""
+    of the command it was typed for; and a command's check of what it parsed (``cli.common.AFTER_PARSE``) runs."""
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         parsed, extras = super().parse_known_args(args, namespace)
         if extras:  # said here, by the innermost parser that saw them: it knows the options they were meant as
             self.error(f"unrecognized arguments: {' '.join(extras)}{self._suggest(extras)}")
-        check = self.get_default(admin_cli.AFTER_PARSE)
+        check = self.get_default(AFTER_PARSE)
         if check is not None and (problem := check(parsed)):
             self.error(problem)
         return parsed, extras
@@ -101,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         asyncio.run(entry(settings))
         return
     try:
-        if args.command == "keys" and args.keys_command == "create" and not admin_cli.api_key(args, settings):
+        if args.command == "keys" and args.keys_command == "create" and not api_key(args, settings):
             admin_cli.keys_create_local(args, settings)  # no key to call the API with: the local database
         else:
             admin_cli.run(args, settings)

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from cli import workflow_tables as show
-from cli.admin import _api, _client_options, _emit, _name, app_argument, parse_duration
+from cli.common import api_of, app_path, command, emit, parse_duration, path_part, say
 from cli.tables import Json, table
 from core import units
 from core.models import utcnow
@@ -29,9 +29,6 @@ def _expiry(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r}: give whole seconds, from 1s to 30d")
     return secs
 
-
-def _app(args: argparse.Namespace) -> str:
-    return "/apps" + _name(args.app)
 
 
 def _body(args: argparse.Namespace) -> dict[str, Json]:
@@ -85,49 +82,38 @@ def status_card(status: dict[str, Json], now: datetime, *, app: str = "<app>") -
     return "\n".join(lines)
 
 
-def _say(args: argparse.Namespace, text: str) -> None:
-    if args.output == "table":
-        print(text, flush=True)
-
 
 def _drain_set(args: argparse.Namespace, settings: Settings) -> None:
-    drain = _api(args, settings).call("PUT", f"{_app(args)}/executors{_name(args.executor_id)}/drain",
+    drain = api_of(args, settings).call("PUT", f"{app_path(args)}/executors{path_part(args.executor_id)}/drain",
                                       body=_body(args))
-    _emit(args, drain, lambda d: f"drained {d['executorId']} until {_until(d['until'], utcnow())}")
+    emit(args, drain, lambda d: f"drained {d['executorId']} until {_until(d['until'], utcnow())}")
 
 
 def _drain_clear(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("DELETE", f"{_app(args)}/executors{_name(args.executor_id)}/drain")
-    _say(args, f"undrained {args.executor_id}")
+    api_of(args, settings).call("DELETE", f"{app_path(args)}/executors{path_part(args.executor_id)}/drain")
+    say(args, f"undrained {args.executor_id}")
 
 
 def _drain_list(args: argparse.Namespace, settings: Settings) -> None:
     now = utcnow()
-    _emit(args, _api(args, settings).call("GET", f"{_app(args)}/drains"), lambda d: drains_table(d, now))
+    emit(args, api_of(args, settings).call("GET", f"{app_path(args)}/drains"), lambda d: drains_table(d, now))
 
 
 def _pause(args: argparse.Namespace, settings: Settings) -> None:
-    pause = _api(args, settings).call("PUT", f"{_app(args)}/recovery-pause", body=_body(args))
-    _emit(args, pause, lambda p: f"recovery of {args.app} paused until {_until(p['until'], utcnow())}")
+    pause = api_of(args, settings).call("PUT", f"{app_path(args)}/recovery-pause", body=_body(args))
+    emit(args, pause, lambda p: f"recovery of {args.app} paused until {_until(p['until'], utcnow())}")
 
 
 def _resume(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("DELETE", f"{_app(args)}/recovery-pause")
-    _say(args, f"recovery of {args.app} resumed")
+    api_of(args, settings).call("DELETE", f"{app_path(args)}/recovery-pause")
+    say(args, f"recovery of {args.app} resumed")
 
 
 def _status(args: argparse.Namespace, settings: Settings) -> None:
     now = utcnow()
-    _emit(args, _api(args, settings).call("GET", f"{_app(args)}/recovery"),
+    emit(args, api_of(args, settings).call("GET", f"{app_path(args)}/recovery"),
           lambda s: status_card(s, now, app=args.app))
 
-
-def _command(group: Any, name: str, handler: Any, help: str, *positional: str) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = group.add_parser(name, help=help)
-    p.set_defaults(admin=handler)
-    _client_options(p)
-    app_argument(p, *positional)
-    return p
 
 
 def _expiring(p: argparse.ArgumentParser, what: str) -> None:
@@ -140,12 +126,12 @@ def add_commands(sub: Any) -> None:
     """Add ``drain set|clear|list`` and ``recovery pause|resume|status`` to the ``relay`` command's ``sub``."""
     drain = sub.add_parser("drain", help="drained executors: never chosen to recover others or to carry requests")
     group = drain.add_subparsers(dest="drain_command", required=True)
-    _expiring(_command(group, "set", _drain_set, "drain an executor", "executor_id"), "drain")
-    _command(group, "clear", _drain_clear, "end an executor's drain", "executor_id")
-    _command(group, "list", _drain_list, "list an application's drains, expired ones included")
+    _expiring(command(group, "set", _drain_set, "drain an executor", "executor_id"), "drain")
+    command(group, "clear", _drain_clear, "end an executor's drain", "executor_id")
+    command(group, "list", _drain_list, "list an application's drains, expired ones included")
 
     recovery = sub.add_parser("recovery", help="an application's recovery gate: pause, resume, breaker")
     group = recovery.add_subparsers(dest="recovery_command", required=True)
-    _expiring(_command(group, "pause", _pause, "pause recoveries (a maintenance window)"), "pause")
-    _command(group, "resume", _resume, "lift the pause: held recoveries go, paced")
-    _command(group, "status", _status, "show the pause, the storm breaker and the held recoveries")
+    _expiring(command(group, "pause", _pause, "pause recoveries (a maintenance window)"), "pause")
+    command(group, "resume", _resume, "lift the pause: held recoveries go, paced")
+    command(group, "status", _status, "show the pause, the storm breaker and the held recoveries")

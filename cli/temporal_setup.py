@@ -20,7 +20,7 @@ from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, Register
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from cli.admin import parse_duration
+from cli.common import parse_duration
 from core.settings import Settings
 from core.temporal import (
     INDEXED_TYPES,

@@ -18,7 +18,7 @@ from datetime import datetime
 from typing import Any
 
 from cli import workflow_tables as show
-from cli.admin import Handler, _api, _client_options, _emit, _instant, _iso, _name, app_argument, fail
+from cli.common import api_of, app_path, command, emit, fail, instant, iso, path_part, say
 from cli.tables import Json
 from core.models import utcnow
 from core.settings import Settings
@@ -27,19 +27,11 @@ Render = Callable[[Any, datetime], str]
 LIST_DEFAULT_LIMIT = 10  # dbos-ctl's: a screenful; --limit asks for more
 
 
-def _app(args: argparse.Namespace) -> str:
-    return "/apps" + _name(args.app)
-
 
 def _show(args: argparse.Namespace, data: Json, render: Render) -> None:
     now = utcnow()
-    _emit(args, data, lambda value: render(value, now))
+    emit(args, data, lambda value: render(value, now))
 
-
-def _say(args: argparse.Namespace, *lines: str) -> None:
-    """What a mutation that answers 204 did, for a person; ``-o json`` prints nothing, as there is no body."""
-    if args.output == "table":
-        print("\n".join(lines), flush=True)
 
 
 def _given(**fields: Any) -> dict[str, Json]:
@@ -57,32 +49,32 @@ def list_request(args: argparse.Namespace) -> tuple[str, str, dict[str, Json] | 
                   loadOutput=args.load_output)
     search_only = _given(user=args.user, appVersion=args.application_version, queueName=args.queue_name,
                          queuesOnly=args.queues_only, executorId=args.executor_id,
-                         workflowIdPrefix=args.workflow_id_prefix, startTime=args.start_time and _iso(args.start_time),
-                         endTime=args.end_time and _iso(args.end_time))
+                         workflowIdPrefix=args.workflow_id_prefix, startTime=args.start_time and iso(args.start_time),
+                         endTime=args.end_time and iso(args.end_time))
     statuses, names = args.status or [], args.name or []
     if not search_only and len(statuses) <= 1 and len(names) <= 1:
         query = _given(status=next(iter(statuses), None), workflowName=next(iter(names), None))
-        return "GET", _app(args) + "/workflows", {**query, **page}, None
+        return "GET", app_path(args) + "/workflows", {**query, **page}, None
     body = _given(status=statuses or None, workflowName=names or None)
-    return "POST", _app(args) + "/workflows/search", None, {**body, **search_only, **page}
+    return "POST", app_path(args) + "/workflows/search", None, {**body, **search_only, **page}
 
 
 def _workflows_list(args: argparse.Namespace, settings: Settings) -> None:
     method, path, query, body = list_request(args)
-    _show(args, _api(args, settings).call(method, path, params=query, body=body), show.workflows_table)
+    _show(args, api_of(args, settings).call(method, path, params=query, body=body), show.workflows_table)
 
 
 def _workflow(args: argparse.Namespace, suffix: str = "") -> str:
-    return f"{_app(args)}/workflows{_name(args.workflow_id)}{suffix}"
+    return f"{app_path(args)}/workflows{path_part(args.workflow_id)}{suffix}"
 
 
 def _workflows_get(args: argparse.Namespace, settings: Settings) -> None:
-    _show(args, _api(args, settings).call("GET", _workflow(args)), show.workflow_card)
+    _show(args, api_of(args, settings).call("GET", _workflow(args)), show.workflow_card)
 
 
 def _workflows_steps(args: argparse.Namespace, settings: Settings) -> None:
     query = _given(limit=args.limit, offset=args.offset)
-    _show(args, _api(args, settings).call("GET", _workflow(args, "/steps"), params=query), show.steps_table)
+    _show(args, api_of(args, settings).call("GET", _workflow(args, "/steps"), params=query), show.steps_table)
 
 
 def _ids(args: argparse.Namespace) -> list[str]:
@@ -91,96 +83,99 @@ def _ids(args: argparse.Namespace) -> list[str]:
 
 def _workflows_cancel(args: argparse.Namespace, settings: Settings) -> None:
     ids, options = _ids(args), _given(cancelChildren=args.cancel_children)
+    api, workflows = api_of(args, settings), f"{app_path(args)}/workflows"
     if len(ids) == 1:
-        _api(args, settings).call("POST", f"{_app(args)}/workflows{_name(ids[0])}/cancel", body=options or None)
+        api.call("POST", f"{workflows}{path_part(ids[0])}/cancel", body=options or None)
     else:
-        _api(args, settings).call("POST", f"{_app(args)}/workflows/bulk-cancel", body={"workflowIds": ids, **options})
-    _say(args, *(f"cancelled {i}" for i in ids))
+        api.call("POST", f"{workflows}/bulk-cancel", body={"workflowIds": ids, **options})
+    say(args, *(f"cancelled {i}" for i in ids))
 
 
 def _workflows_resume(args: argparse.Namespace, settings: Settings) -> None:
     ids, options = _ids(args), _given(queueName=args.queue_name)
+    api, workflows = api_of(args, settings), f"{app_path(args)}/workflows"
     if len(ids) == 1:
-        _api(args, settings).call("POST", f"{_app(args)}/workflows{_name(ids[0])}/resume", body=options or None)
+        api.call("POST", f"{workflows}{path_part(ids[0])}/resume", body=options or None)
     else:
-        _api(args, settings).call("POST", f"{_app(args)}/workflows/bulk-resume", body={"workflowIds": ids, **options})
-    _say(args, *(f"resumed {i}" for i in ids))
+        api.call("POST", f"{workflows}/bulk-resume", body={"workflowIds": ids, **options})
+    say(args, *(f"resumed {i}" for i in ids))
 
 
 def _workflows_delete(args: argparse.Namespace, settings: Settings) -> None:
     ids = _ids(args)
     if len(ids) == 1:
-        _api(args, settings).call("DELETE", f"{_app(args)}/workflows{_name(ids[0])}",
+        api_of(args, settings).call("DELETE", f"{app_path(args)}/workflows{path_part(ids[0])}",
                                   params=_given(deleteChildren=args.delete_children))
     else:
-        _api(args, settings).call("POST", f"{_app(args)}/workflows/bulk-delete",
+        api_of(args, settings).call("POST", f"{app_path(args)}/workflows/bulk-delete",
                                   body={"workflowIds": ids, **_given(deleteChildren=args.delete_children)})
-    _say(args, *(f"deleted {i}" for i in ids))
+    say(args, *(f"deleted {i}" for i in ids))
 
 
 def _workflows_fork(args: argparse.Namespace, settings: Settings) -> None:
     body = _given(startStep=args.step, newWorkflowId=args.forked_workflow_id, appVersion=args.application_version,
                   queueName=args.queue_name, queuePartitionKey=args.queue_partition_key)
-    forked = _api(args, settings).call("POST", _workflow(args, "/fork"), body=body)
-    _emit(args, forked, lambda f: f"forked {args.workflow_id} as {f['workflowId']}")
+    forked = api_of(args, settings).call("POST", _workflow(args, "/fork"), body=body)
+    emit(args, forked, lambda f: f"forked {args.workflow_id} as {f['workflowId']}")
 
 
 # -- queues, schedules, versions ------------------------------------------------------------------------------------
 
 
 def _queues_list(args: argparse.Namespace, settings: Settings) -> None:
-    _show(args, _api(args, settings).call("GET", _app(args) + "/queues"), show.queues_table)
+    _show(args, api_of(args, settings).call("GET", app_path(args) + "/queues"), show.queues_table)
 
 
 def _queues_get(args: argparse.Namespace, settings: Settings) -> None:
-    _show(args, _api(args, settings).call("GET", f"{_app(args)}/queues{_name(args.queue_name)}"), show.queue_card)
+    queue = api_of(args, settings).call("GET", f"{app_path(args)}/queues{path_part(args.queue_name)}")
+    _show(args, queue, show.queue_card)
 
 
 def _schedule(args: argparse.Namespace, suffix: str = "") -> str:
-    return f"{_app(args)}/schedules{_name(args.schedule_name)}{suffix}"
+    return f"{app_path(args)}/schedules{path_part(args.schedule_name)}{suffix}"
 
 
 def _schedules_list(args: argparse.Namespace, settings: Settings) -> None:
     query = _given(status=args.status, workflowName=args.name, scheduleNamePrefix=args.schedule_name_prefix,
                    loadContext=args.load_context)
-    _show(args, _api(args, settings).call("GET", _app(args) + "/schedules", params=query), show.schedules_table)
+    _show(args, api_of(args, settings).call("GET", app_path(args) + "/schedules", params=query), show.schedules_table)
 
 
 def _schedules_get(args: argparse.Namespace, settings: Settings) -> None:
-    _show(args, _api(args, settings).call("GET", _schedule(args)), show.schedule_card)
+    _show(args, api_of(args, settings).call("GET", _schedule(args)), show.schedule_card)
 
 
 def _schedules_pause(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("POST", _schedule(args, "/pause"))
-    _say(args, f"paused {args.schedule_name}")
+    api_of(args, settings).call("POST", _schedule(args, "/pause"))
+    say(args, f"paused {args.schedule_name}")
 
 
 def _schedules_resume(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("POST", _schedule(args, "/resume"))
-    _say(args, f"resumed {args.schedule_name}")
+    api_of(args, settings).call("POST", _schedule(args, "/resume"))
+    say(args, f"resumed {args.schedule_name}")
 
 
 def _schedules_trigger(args: argparse.Namespace, settings: Settings) -> None:
-    started = _api(args, settings).call("POST", _schedule(args, "/trigger"))
-    _emit(args, started, lambda s: f"triggered {args.schedule_name}: workflow {s['workflowId']}")
+    started = api_of(args, settings).call("POST", _schedule(args, "/trigger"))
+    emit(args, started, lambda s: f"triggered {args.schedule_name}: workflow {s['workflowId']}")
 
 
 def _schedules_backfill(args: argparse.Namespace, settings: Settings) -> None:
     if args.end_time <= args.start_time:
         fail("--end-time must be after --start-time")
-    body = {"startTime": _iso(args.start_time), "endTime": _iso(args.end_time)}
-    started = _api(args, settings).call("POST", _schedule(args, "/backfill"), body=body)
-    _emit(args, started, lambda s: "\n".join([f"backfilled {args.schedule_name}: {len(s['workflowIds'])} workflows",
+    body = {"startTime": iso(args.start_time), "endTime": iso(args.end_time)}
+    started = api_of(args, settings).call("POST", _schedule(args, "/backfill"), body=body)
+    emit(args, started, lambda s: "\n".join([f"backfilled {args.schedule_name}: {len(s['workflowIds'])} workflows",
                                                *s["workflowIds"]]))
 
 
 def _versions_list(args: argparse.Namespace, settings: Settings) -> None:
-    _show(args, _api(args, settings).call("GET", _app(args) + "/versions"), show.versions_table)
+    _show(args, api_of(args, settings).call("GET", app_path(args) + "/versions"), show.versions_table)
 
 
 def _versions_set_latest(args: argparse.Namespace, settings: Settings) -> None:
-    _api(args, settings).call("PATCH", _app(args) + "/versions/latest", body={"versionName": args.version_name})
-    _say(args, f"latest version of {args.app}: {args.version_name}")
+    api_of(args, settings).call("PATCH", app_path(args) + "/versions/latest", body={"versionName": args.version_name})
+    say(args, f"latest version of {args.app}: {args.version_name}")
 
 
 # -- the parser -----------------------------------------------------------------------------------------------------
@@ -189,14 +184,6 @@ def _versions_set_latest(args: argparse.Namespace, settings: Settings) -> None:
 def _group(sub: Any, name: str, help: str) -> Any:
     return sub.add_parser(name, help=help).add_subparsers(dest=f"{name}_command", required=True)
 
-
-def _command(group: Any, name: str, handler: Handler, help: str, *positional: str,
-             variadic: str | None = None) -> argparse.ArgumentParser:
-    p: argparse.ArgumentParser = group.add_parser(name, help=help)
-    p.set_defaults(admin=handler)
-    _client_options(p)
-    app_argument(p, *positional, variadic=variadic, help="the application (dbos-ctl's --application-name)")
-    return p
 
 
 def _statuses(text: str) -> str:
@@ -212,14 +199,14 @@ def _page(p: argparse.ArgumentParser, *, limit: int | None = None) -> None:
 
 def _workflow_commands(sub: Any) -> None:
     group = _group(sub, "workflows", "an application's workflows, through its executors")
-    ls = _command(group, "list", _workflows_list, "list workflows, oldest first unless --sort-desc")
+    ls = command(group, "list", _workflows_list, "list workflows, oldest first unless --sort-desc")
     _page(ls, limit=LIST_DEFAULT_LIMIT)
     ls.add_argument("--status", "-S", action="append", type=_statuses,
                     help="PENDING, ENQUEUED, SUCCESS, ERROR, CANCELLED, ..., in any case (repeatable)")
     ls.add_argument("--name", "-n", action="append", help="workflow name (repeatable)")
     ls.add_argument("--user", "-u", action="append", help="run by this user (repeatable)")
-    ls.add_argument("--start-time", "-t", type=_instant, help="created at or after: ISO 8601, or 1h for an hour ago")
-    ls.add_argument("--end-time", "-e", type=_instant, help="created before: ISO 8601, or a duration ago")
+    ls.add_argument("--start-time", "-t", type=instant, help="created at or after: ISO 8601, or 1h for an hour ago")
+    ls.add_argument("--end-time", "-e", type=instant, help="created before: ISO 8601, or a duration ago")
     ls.add_argument("--application-version", "-v", action="append", help="of this application version (repeatable)")
     ls.add_argument("--queue-name", "-q", action="append", help="on this queue (repeatable)")
     ls.add_argument("--queues-only", action="store_true",
@@ -230,18 +217,18 @@ def _workflow_commands(sub: Any) -> None:
     ls.add_argument("--load-input", action="store_true", help="include each workflow's input")
     ls.add_argument("--load-output", action="store_true", help="include each workflow's output")
 
-    _command(group, "get", _workflows_get, "show one workflow", "workflow_id")
-    _page(_command(group, "steps", _workflows_steps, "list a workflow's steps", "workflow_id"))
-    cancel = _command(group, "cancel", _workflows_cancel, "cancel workflows (several ids: one bulk request)",
+    command(group, "get", _workflows_get, "show one workflow", "workflow_id")
+    _page(command(group, "steps", _workflows_steps, "list a workflow's steps", "workflow_id"))
+    cancel = command(group, "cancel", _workflows_cancel, "cancel workflows (several ids: one bulk request)",
                       variadic="workflow_ids")
     cancel.add_argument("--cancel-children", action="store_true", help="cancel their child workflows too")
-    resume = _command(group, "resume", _workflows_resume, "resume workflows (several ids: one bulk request)",
+    resume = command(group, "resume", _workflows_resume, "resume workflows (several ids: one bulk request)",
                       variadic="workflow_ids")
     resume.add_argument("--queue-name", "-q", help="enqueue them on this queue")
-    delete = _command(group, "delete", _workflows_delete, "delete workflows (several ids: one bulk request)",
+    delete = command(group, "delete", _workflows_delete, "delete workflows (several ids: one bulk request)",
                       variadic="workflow_ids")
     delete.add_argument("--delete-children", action="store_true", help="delete their child workflows too")
-    fork = _command(group, "fork", _workflows_fork, "run a workflow again under a new id, from a step",
+    fork = command(group, "fork", _workflows_fork, "run a workflow again under a new id, from a step",
                     "workflow_id")
     fork.add_argument("--step", "-S", type=int, help="restart from this step (default: the start)")
     fork.add_argument("--forked-workflow-id", "-f", help="the new workflow's id")
@@ -255,24 +242,24 @@ def add_commands(sub: Any) -> None:
     _workflow_commands(sub)
 
     queues = _group(sub, "queues", "an application's queues")
-    _command(queues, "list", _queues_list, "list queues")
-    _command(queues, "get", _queues_get, "show one queue", "queue_name")
+    command(queues, "list", _queues_list, "list queues")
+    command(queues, "get", _queues_get, "show one queue", "queue_name")
 
     schedules = _group(sub, "schedules", "an application's workflow schedules")
-    ls = _command(schedules, "list", _schedules_list, "list schedules")
+    ls = command(schedules, "list", _schedules_list, "list schedules")
     ls.add_argument("--status", "-S", type=_statuses, help="ACTIVE or PAUSED, in any case")
     ls.add_argument("--name", "-n", help="of this workflow")
     ls.add_argument("--schedule-name-prefix", help="whose name starts with this")
     ls.add_argument("--load-context", action="store_true", help="include each schedule's context")
-    _command(schedules, "get", _schedules_get, "show one schedule", "schedule_name")
-    _command(schedules, "pause", _schedules_pause, "pause a schedule", "schedule_name")
-    _command(schedules, "resume", _schedules_resume, "resume a paused schedule", "schedule_name")
-    _command(schedules, "trigger", _schedules_trigger, "start the scheduled workflow now", "schedule_name")
-    backfill = _command(schedules, "backfill", _schedules_backfill, "run the times a schedule missed",
+    command(schedules, "get", _schedules_get, "show one schedule", "schedule_name")
+    command(schedules, "pause", _schedules_pause, "pause a schedule", "schedule_name")
+    command(schedules, "resume", _schedules_resume, "resume a paused schedule", "schedule_name")
+    command(schedules, "trigger", _schedules_trigger, "start the scheduled workflow now", "schedule_name")
+    backfill = command(schedules, "backfill", _schedules_backfill, "run the times a schedule missed",
                         "schedule_name")
-    backfill.add_argument("--start-time", "-t", type=_instant, required=True, help="ISO 8601, or 1h for an hour ago")
-    backfill.add_argument("--end-time", "-e", type=_instant, required=True, help="ISO 8601, or a duration ago")
+    backfill.add_argument("--start-time", "-t", type=instant, required=True, help="ISO 8601, or 1h for an hour ago")
+    backfill.add_argument("--end-time", "-e", type=instant, required=True, help="ISO 8601, or a duration ago")
 
     versions = _group(sub, "versions", "an application's versions")
-    _command(versions, "list", _versions_list, "list application versions")
-    _command(versions, "set-latest", _versions_set_latest, "make a version the latest", "version_name")
+    command(versions, "list", _versions_list, "list application versions")
+    command(versions, "set-latest", _versions_set_latest, "make a version the latest", "version_name")

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli import admin, tables
+from cli import admin, common, tables
 from cli.main import parser
 from core.settings import Settings
 
@@ -122,13 +122,13 @@ Run = Callable[..., tuple[str, str]]
 @pytest.fixture
 def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[[FakeApi], Run]:
     def bind(fake: FakeApi) -> Run:
-        real = admin.Api.__init__
+        real = common.Api.__init__
 
-        def init(self: admin.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
+        def init(self: common.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
             real(self, url, key, org, timeout=timeout)
             self._client = httpx.Client(base_url=self.url, transport=httpx.MockTransport(fake.handle))
 
-        monkeypatch.setattr(admin.Api, "__init__", init)
+        monkeypatch.setattr(common.Api, "__init__", init)
         monkeypatch.setenv("RELAY_API_KEY", "dbos_test")
 
         def relay(*argv: str) -> tuple[str, str]:

@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli import admin, workflows
+from cli import admin, common, workflows
 from cli.main import parser
 from core.settings import Settings
 
@@ -82,14 +82,14 @@ Run = Callable[..., tuple[str, str]]
 @pytest.fixture
 def relay(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Callable[[FakeApi], Run]:
     def bind(fake: FakeApi) -> Run:
-        real = admin.Api.__init__
+        real = common.Api.__init__
 
-        def init(self: admin.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
+        def init(self: common.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
             real(self, url, key, org, timeout=timeout)
             self._client = httpx.Client(base_url=self.url, transport=httpx.MockTransport(fake.handle),
                                         headers={"Authorization": f"Bearer {key}"})
 
-        monkeypatch.setattr(admin.Api, "__init__", init)
+        monkeypatch.setattr(common.Api, "__init__", init)
         monkeypatch.setattr(workflows, "utcnow", lambda: NOW)
         monkeypatch.setenv("RELAY_API_KEY", "dbos_test")
 
@@ -160,7 +160,7 @@ def test_list_several_statuses_or_names_search_workflows(relay: Callable[[FakeAp
 
 
 def test_list_start_time_as_a_duration_ago(relay: Callable[[FakeApi], Run], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(admin, "utcnow", lambda: NOW)
+    monkeypatch.setattr(common, "utcnow", lambda: NOW)
     fake = FakeApi({("POST", f"{APP}/workflows/search"): ok([])})
     relay(fake)("workflows", "list", "--app", "orders", "-t", "1h")
     assert fake.requests[0][3]["startTime"] == "2026-11-30T20:43:05Z"

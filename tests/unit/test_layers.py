@@ -132,3 +132,30 @@ def test_the_facade_and_signal_rules_catch_a_breach(tmp_path: Path) -> None:
                    "    await c.start_workflow(x, start_signal='connected')\n")
     assert facade_violations([bad]) == ["bad.py imports gateway.hub", "bad.py imports gateway.runtime"]
     assert string_signals([bad]) == ["bad.py:5 signal('removed')", "bad.py:7 start_signal='connected'"]
+
+
+def private_imports(sources: list[Path]) -> list[str]:
+    """A private name (``_x``) imported from another of Relay's modules: what two modules share is public, in the
+    module it belongs to (``cli/common.py`` for the command line). A package's ``__init__`` may re-export its own
+    submodules' names."""
+    found = []
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                    and node.module.split(".")[0] in (*PRODUCT, "workflows")):
+                continue
+            package = ".".join(path.relative_to(ROOT).parent.parts) if path.is_relative_to(ROOT) else ""
+            own = path.name == "__init__.py" and node.module.startswith(f"{package}.")
+            found += [f"{path.name} imports {node.module}.{a.name}" for a in node.names
+                      if a.name.startswith("_") and not own]
+    return found
+
+
+def test_no_module_imports_anothers_private_names() -> None:
+    assert [v for package in PRODUCT for v in private_imports(_sources(package))] == []
+
+
+def test_the_private_import_rule_catches_one(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from cli.admin import _api, app_argument\n")
+    assert private_imports([bad]) == ["bad.py imports cli.admin._api"]

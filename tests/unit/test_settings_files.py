@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from cli import admin
+from cli import common
 from core.settings import Settings
 from tests.support import VENV_BIN, relay_env
 
@@ -87,8 +87,8 @@ def test_the_admin_cli_takes_its_key_from_the_file(tmp_path: Path, monkeypatch: 
     path = tmp_path / "key"
     path.write_text(SECRET + "\n")
     monkeypatch.setenv("RELAY_API_KEY_FILE", str(path))
-    assert admin.api_key(argparse.Namespace(), Settings()) == SECRET
-    assert admin.api_key(argparse.Namespace(api_key="dbos_flag"), Settings()) == "dbos_flag"  # the flag wins
+    assert common.api_key(argparse.Namespace(), Settings()) == SECRET
+    assert common.api_key(argparse.Namespace(api_key="dbos_flag"), Settings()) == "dbos_flag"  # the flag wins
 
 
 def test_relay_stops_with_one_line_naming_the_variables(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from api import schemas
 from cli import admin as admin_cli
+from cli import common
 from cli.tables import DURATION_UNITS, format_duration
 from core import models, units
 from core.store import Store
@@ -233,13 +234,13 @@ def cli_body(*flags: str) -> dict[str, Any]:
 
 @given(st.integers(min_value=0, max_value=999_999_999), unit_names)
 def test_parse_duration_one_unit(count: int, unit: str) -> None:
-    assert admin_cli.parse_duration(f"{count}{unit}") == timedelta(**{DURATION_UNITS[unit]: count})
+    assert common.parse_duration(f"{count}{unit}") == timedelta(**{DURATION_UNITS[unit]: count})
 
 
 @given(st.lists(st.tuples(st.integers(min_value=0, max_value=10**6), unit_names), min_size=1, max_size=6))
 def test_parse_duration_sums_a_sequence(parts: list[tuple[int, str]]) -> None:
     text = "".join(f"{n}{u}" for n, u in parts)
-    assert admin_cli.parse_duration(text) == sum((timedelta(**{DURATION_UNITS[u]: n}) for n, u in parts),
+    assert common.parse_duration(text) == sum((timedelta(**{DURATION_UNITS[u]: n}) for n, u in parts),
                                                  timedelta())
 
 
@@ -248,13 +249,13 @@ def test_parse_duration_sums_a_sequence(parts: list[tuple[int, str]]) -> None:
 @example(0)
 def test_format_duration_is_parsed_back_exactly(ms: int) -> None:
     value = units.ms_to_timedelta(ms)
-    assert admin_cli.parse_duration(format_duration(value)) == value
+    assert common.parse_duration(format_duration(value)) == value
 
 
 @pytest.mark.parametrize("text", ["", "90", "s", "1.5h", "-5s", "5 s", "5x", "1h 30m", "h1", "5sec", "9" * 30 + "d"])
 def test_parse_duration_refuses(text: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
-        admin_cli.parse_duration(text)
+        common.parse_duration(text)
 
 
 @pytest.mark.parametrize(("flags", "body"), [
