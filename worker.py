@@ -110,7 +110,7 @@ def workflow_runner(converter: DataConverter) -> SandboxedWorkflowRunner:
     (``ContextlessSandboxRunner``) unless ``converter`` has a payload codec or external storage."""
     # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
     # re-importing them for every workflow run is most of the cost of starting one (the connect-storm benchmark).
-    restrictions = SandboxRestrictions.default.with_passthrough_modules("pydantic", "workflows.contracts",
+    restrictions = SandboxRestrictions.default.with_passthrough_modules("pydantic", "core.types", "workflows.contracts",
                                                                         "workflows.timing", "workflows.fence")
     if converter.payload_codec is None and converter.external_storage is None:
         return ContextlessSandboxRunner(restrictions=restrictions)

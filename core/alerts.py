@@ -48,7 +48,7 @@ from enum import StrEnum
 from typing import Any
 
 from core import nesting, units, wire
-from workflows.contracts.alerts import OwnEvents, RuleState, RuleType
+from core.types import OwnEvents, RuleState, RuleType
 
 
 class OwnKind(StrEnum):

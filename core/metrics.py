@@ -70,7 +70,7 @@ from sqlmodel import select
 
 from core.models import Application, Executor
 from core.problem import PROBLEM_JSON, problem_body
-from workflows.contracts.common import ExecutorStatus
+from core.types import ExecutorStatus
 
 log = logging.getLogger("relay.metrics")
 

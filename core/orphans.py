@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from core import units
-from workflows.contracts.orphans import Orphan, OrphanInfo
+from core.types import Orphan, OrphanInfo
 
 # DBOS's executor id when no conductor key and no DBOS__VMID is set (``dbos._dbos``: ``os.environ.get("DBOS__VMID")
 # or "local"``); such a process recovers its own pending workflows at launch.

@@ -27,7 +27,7 @@ from sqlmodel import Session, col
 
 from core import alerts
 from core.models import OwnAlertState
-from workflows.contracts.alerts import Alert, OwnAlertEvent, OwnEvents
+from core.types import Alert, OwnAlertEvent, OwnEvents
 
 # uuid5's namespace for alert ids: any constant (a uuid4 drawn once); changing it would send every row again.
 _ALERT_IDS = uuid.UUID("6f1d8a52-3c1e-4f49-9a3c-7f0f4f1f2b4d")

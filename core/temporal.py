@@ -40,7 +40,7 @@ from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
 from core.logs import install_temporal_sdk_logging
 from core.settings import Settings
-from workflows.contracts.common import SEARCH_ATTRIBUTES
+from core.types import SEARCH_ATTRIBUTES
 
 log = logging.getLogger("relay")
 

@@ -11,14 +11,16 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # What each top-level package may import of Relay's own packages (itself always).
 ALLOWED: dict[str, set[str]] = {
-    "workflows": set(),
-    "core": {"workflows"},
+    "core": set(),
+    "workflows": {"core"},  # only the types the kernel and the contracts share (WORKFLOWS_MAY_IMPORT)
     "activities": {"core", "workflows"},
     "gateway": {"core", "workflows"},
     "api": {"core", "gateway", "workflows"},
     "worker": {"core", "activities", "workflows"},
     "cli": {"core", "api", "gateway", "worker", "workflows"},
 }
+# Of the kernel, the workflows import only its shared types (pure dataclasses and enums, passed through the sandbox).
+WORKFLOWS_MAY_IMPORT = {"core.types"}
 # Deterministic workflow code re-imported by the sandbox: nothing that does I/O or serves requests.
 WORKFLOWS_FORBIDDEN = {"fastapi", "starlette", "sqlalchemy", "sqlmodel", "websockets", "uvicorn", "httpx",
                        "psycopg", "requests", "socket", "sqlite3", "subprocess", "prometheus_client"}
@@ -40,9 +42,24 @@ def _imported(path: Path) -> set[str]:
     return names
 
 
+def _modules(path: Path) -> set[str]:
+    """Dotted names of every Relay module the file imports from."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+    return names
+
+
 def violations(package: str, sources: list[Path]) -> list[str]:
     found = []
     for path in sources:
+        if package == "workflows":
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            found += [f"{where} imports {m} (of core, workflows import only {sorted(WORKFLOWS_MAY_IMPORT)})"
+                      for m in sorted(_modules(path)) if m.split(".")[0] == "core" and m not in WORKFLOWS_MAY_IMPORT]
         where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
         for name in sorted(_imported(path)):
             if name in ALLOWED and name != package and name not in ALLOWED[package]:
@@ -65,6 +82,10 @@ def test_the_rule_catches_an_upward_import(tmp_path: Path) -> None:
     sneaky.write_text("import sqlalchemy\n")
     assert violations("core", [bad]) == ["bad.py imports api"]
     assert violations("workflows", [sneaky]) == ["sneaky.py imports sqlalchemy (workflows do no I/O)"]
+    kernel = tmp_path / "kernel.py"
+    kernel.write_text("from core.types import ExecutorStatus\nfrom core.models import Executor\n")
+    assert violations("workflows", [kernel]) == [
+        "kernel.py imports core.models (of core, workflows import only ['core.types'])"]
 
 
 def test_no_package_cycle() -> None:

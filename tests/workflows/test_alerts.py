@@ -32,6 +32,7 @@ from core.models import make_engine
 from core.store import Store
 from core.temporal import data_converter, venv_binary
 from tests.conftest import assert_eventually
+from worker import workflow_runner
 from workflows.alerts import AlertsWorkflow, OwnAlertWorkflow
 from workflows.contracts.alerts import (
     AdvanceAlertWatermarkInput,
@@ -185,7 +186,7 @@ async def fakes(env: WorkflowEnvironment) -> AsyncIterator[Fakes]:
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(Worker(
             env.client, task_queue=fakes.task_queue, workflows=[AlertsWorkflow, OwnAlertWorkflow],
-            activities=fakes.activities()))
+            activities=fakes.activities(), workflow_runner=workflow_runner(env.client.data_converter)))
         await stack.enter_async_context(Worker(env.client, task_queue=fakes.gateway_queue,
                                                activities=[fakes.executor_request]))
         yield fakes
@@ -379,7 +380,8 @@ async def test_a_round_with_a_rule_it_cannot_carry_delivers_another_apps_alert(
     real = AlertActivities(store, webhook_url="http://receiver.test/hook", transport=webhook)
     task_queue = f"alerts-real-{uuid.uuid4()}"
     async with Worker(env.client, task_queue=task_queue, workflows=[AlertsWorkflow],
-                      activities=[*real.all(), fakes.select_retention_executor, fakes.start_own_alert]):
+                      activities=[*real.all(), fakes.select_retention_executor, fakes.start_own_alert],
+                      workflow_runner=workflow_runner(env.client.data_converter)):
         handle = await env.client.start_workflow(AlertsWorkflow.run, AlertsInput(), id=f"alerts-{uuid.uuid4()}",
                                                  task_queue=task_queue)
         result = await asyncio.wait_for(handle.result(), WALL_TIMEOUT)

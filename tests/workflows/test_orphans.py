@@ -25,6 +25,7 @@ from core.store import Store
 from tests.conftest import assert_eventually
 from tests.histories.record import start_env
 from tests.lifecycle_fakes import APP, DEAD, GRACE, HEALTHY, ORG, VERSION, FakeRelay, Relay, served
+from worker import workflow_runner
 from workflows.contracts.common import (
     SHARED_TASK_QUEUE,
     Activity,
@@ -163,7 +164,8 @@ async def test_a_sweep_starts_one_lifecycle_per_orphan_and_skips_running_ones(
     sweep = OrphanActivities(store)
     try:
         async with Worker(client, task_queue=queue, workflows=[OrphanSweepWorkflow],
-                          activities=[*sweep.all(), fakes.select_retention_executor]), \
+                          activities=[*sweep.all(), fakes.select_retention_executor],
+                          workflow_runner=workflow_runner(client.data_converter)), \
                 Worker(client, task_queue=fakes.gateway_queue, activities=[fakes.executor_request]):
             result = await client.execute_workflow(OrphanSweepWorkflow.run, OrphanSweepInput(min_age=hour),
                                                    id=f"sweep-{uuid.uuid4()}", task_queue=queue)

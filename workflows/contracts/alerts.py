@@ -10,11 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from enum import StrEnum
 from typing import Any
 
 from temporalio import activity
 
+from core.types import Alert as Alert
+from core.types import OwnAlertEvent as OwnAlertEvent
+from core.types import OwnEvents as OwnEvents
+from core.types import RuleState as RuleState
+from core.types import RuleType as RuleType
 from workflows.contracts.common import STUB, Activity
 
 # The Temporal Schedule that starts an AlertsWorkflow every RELAY_ALERT_INTERVAL_SECS (its runs are named
@@ -32,64 +36,6 @@ def own_alert_workflow_id(alert_id: str) -> str:
 class Channel:
     WEBHOOK = "webhook"
     EXECUTOR = "executor"
-
-
-class RuleType(StrEnum):
-    WORKFLOW_FAILURE = "WorkflowFailure"
-    SLOW_QUEUE = "SlowQueue"
-    UNRESPONSIVE_APPLICATION = "UnresponsiveApplication"
-
-
-@dataclass
-class RuleState:
-    """A rule as one round read it from the store, and (``query``) the ``get_workflow_aggregates`` body that
-    observes it at the round's clock, None when the registry is enough (UnresponsiveApplication)."""
-
-    rule_id: str
-    org: str
-    app: str
-    receiving_app: str
-    rule_type: RuleType
-    metadata: Any
-    created_at: datetime
-    min_interval: timedelta | None = None
-    last_fired_at: datetime | None = None
-    checked_until: datetime | None = None  # the end of the last window observed (WorkflowFailure)
-    condition_since: datetime | None = None  # UnresponsiveApplication: when the app was first seen without one
-    suppressed: int = 0  # firings held back by min_interval since the rule last fired
-    healthy_executors: int = 0  # the app's HEALTHY executors in the registry, when read
-    unhealthy_since: datetime | None = None  # the latest change of a non-HEALTHY executor of the app (a hint)
-    query: dict[str, Any] | None = None
-
-
-@dataclass
-class OwnEvents:
-    """Audit rows of one of Relay's own alert operations about one app, written since the last evaluation;
-    ``kind`` is the alert's (``RecoveryBlocked``, ...) and ``message`` its text."""
-
-    org: str
-    app: str
-    operation: str
-    count: int
-    executor_ids: list[str] = field(default_factory=list)
-    latest_details: dict[str, Any] = field(default_factory=dict)
-    kind: str = ""
-    message: str = ""
-
-
-@dataclass
-class OwnAlertEvent:
-    """One audit row of Relay's own alert operations (``core.alerts.OWN_OPERATIONS``), as the code that wrote it
-    hands it to ``start_own_alert`` (or the round, for a row whose delivery was not started). ``event_key`` is the
-    row's: the alert's id derives from it (``core.own_alerts``), so every start for one row is one workflow."""
-
-    org: str
-    app: str
-    operation: str
-    event_key: str
-    time: datetime
-    executor_id: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -142,20 +88,6 @@ class RuleOutcome:
     fire: bool = False
     suppressed: bool = False
     checked: bool = True
-
-
-@dataclass
-class Alert:
-    """One alert to deliver. ``alert_id`` is the same on every retry, so a receiver can drop repeats."""
-
-    alert_id: str
-    org: str
-    app: str
-    receiving_app: str
-    kind: str
-    message: str
-    time: datetime
-    rule_id: str | None = None
 
 
 @dataclass

@@ -5,20 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from enum import StrEnum
-from typing import Any
+
+from core.types import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTES
+from core.types import ExecutorInfo as ExecutorInfo
+from core.types import ExecutorStatus as ExecutorStatus
 
 SHARED_TASK_QUEUE = "relay"
 GATEWAY_TASK_QUEUE_PREFIX = "relay-gateway-"
-
-# Search attributes Relay registers (docker-compose.temporal.yml and `relay dev` create the same list).
-SEARCH_ATTRIBUTES: dict[str, str] = {
-    "RelayOrg": "Keyword",
-    "RelayApp": "Keyword",
-    "RelayExecutorId": "Keyword",
-    "RelayAppVersion": "Keyword",
-    "RelayExecutorStatus": "Keyword",
-}
 
 
 class Activity:
@@ -87,29 +80,6 @@ def gateway_workflow_id(gateway_queue: str) -> str:
 
 def lifecycle_workflow_id(org: str, app: str, executor_id: str) -> str:
     return f"relay-executor/{org}/{app}/{executor_id}"
-
-
-# A StrEnum: workflow payloads, registry rows, search attributes and REST bodies all carry the plain strings.
-# Its docstring is the schema's description in the REST API's OpenAPI document.
-class ExecutorStatus(StrEnum):
-    """HEALTHY: connected to a gateway. DISCONNECTED: its connection was lost; it may reconnect within the app's
-    executorTimeoutSecs. DEAD: it did not; a peer is recovering its pending workflows, then its record is deleted."""
-
-    HEALTHY = "HEALTHY"
-    DISCONNECTED = "DISCONNECTED"
-    DEAD = "DEAD"
-
-
-@dataclass
-class ExecutorInfo:
-    """What an executor says of itself in its ``executor_info`` reply."""
-
-    executor_id: str
-    application_version: str = ""
-    hostname: str | None = None
-    language: str | None = None
-    dbos_version: str | None = None
-    executor_metadata: dict[str, Any] | None = None
 
 
 @dataclass

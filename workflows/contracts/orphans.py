@@ -13,24 +13,13 @@ from typing import Any
 
 from temporalio import activity
 
+from core.types import Orphan as Orphan
+from core.types import OrphanInfo as OrphanInfo
 from workflows.contracts.common import STUB, Activity
 
 # The Temporal Schedule that starts an OrphanSweepWorkflow every RELAY_ORPHAN_SWEEP_INTERVAL_SECS (its runs are
 # named ``relay-orphans-<timestamp>`` by the schedule).
 ORPHANS_SCHEDULE_ID = "relay-orphans"
-
-
-@dataclass
-class OrphanInfo:
-    """An executor id with PENDING workflows older than the sweep's minimum age and no registry row: what its
-    lifecycle workflow is started with (``LifecycleInput.orphan``). ``app_version`` is the version of its oldest
-    PENDING workflows (the SDK recovers only its own version's workflows); ``pending`` counts that version's."""
-
-    app_version: str
-    pending: int = 0
-    oldest_created_at: datetime | None = None
-    # Other versions' PENDING workflows of the same executor id: left for a later sweep (one version per run).
-    other_versions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -72,12 +61,6 @@ class FindOrphansInput:
     event_key: str
     min_age: timedelta = timedelta(seconds=3600)
     asked: str = ""  # the executor that answered, for the audit row
-
-
-@dataclass
-class Orphan:
-    executor_id: str
-    info: OrphanInfo
 
 
 @dataclass
