@@ -71,7 +71,7 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-_JSON_INT = BeforeValidator(_integral)  # in strict models: no strings, booleans or fractions for an integer
+JSON_INT = BeforeValidator(_integral)  # in strict models: no strings, booleans or fractions for an integer
 
 
 # -- applications --------------------------------------------------------------------------------------------
@@ -122,12 +122,12 @@ class PutAppInputBody(InputBody):
 
 # The bounds sit inside each type, before the validator, so the spec states them on the integer branch of
 # ``X | None`` as minimum/maximum.
-ExecutorTimeoutSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_EXECUTOR_TIMEOUT)), _JSON_INT]
+ExecutorTimeoutSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_EXECUTOR_TIMEOUT)), JSON_INT]
 
 
 def _a_second_at_least(value: Any, info: ValidationInfo) -> Any:
     """A threshold under a second is a unit slip (``core.units.MIN_THRESHOLD``): refused, saying what it may have
-    meant. Runs after ``_JSON_INT`` (``7.0`` is 7) and before the strict integer check, whose bound would say less."""
+    meant. Runs after ``JSON_INT`` (``7.0`` is 7) and before the strict integer check, whose bound would say less."""
     if isinstance(value, int) and not isinstance(value, bool):
         problem = units.threshold_ms_problem(info.field_name or "the threshold", value)
         if problem is not None:
@@ -137,8 +137,8 @@ def _a_second_at_least(value: Any, info: ValidationInfo) -> Any:
 
 RetentionMs = Annotated[int, Field(ge=units.timedelta_to_ms(units.MIN_THRESHOLD),
                                    le=units.timedelta_to_ms(MAX_RETENTION_DURATION)),
-                        BeforeValidator(_a_second_at_least), _JSON_INT]
-RowCount = Annotated[int, Field(gt=0, le=MAX_JSON_INT), _JSON_INT]
+                        BeforeValidator(_a_second_at_least), JSON_INT]
+RowCount = Annotated[int, Field(gt=0, le=MAX_JSON_INT), JSON_INT]
 _CLEARABLE = extended("null clears the setting (Relay extension; upstream accepts integers only)")
 
 
@@ -307,6 +307,17 @@ def _utc(value: datetime) -> datetime:
 UTCTime = Annotated[AwareDatetime, BeforeValidator(_rfc3339), AfterValidator(_utc)]
 
 
+def _rfc3339_text(value: Any) -> Any:
+    """A request body's date-time is RFC 3339 text: not a number (pydantic's lax mode reads 0.5 as a Unix time)."""
+    if not isinstance(value, str):
+        raise ValueError("not an RFC 3339 date-time, e.g. 2025-01-31T12:00:00Z")
+    return _rfc3339(value)  # the pattern the query parameters use too
+
+
+# Strict bodies take JSON only: a date-time is parsed from its text here (strict mode would refuse any string).
+BodyTime = Annotated[AwareDatetime, Field(strict=False), BeforeValidator(_rfc3339_text), AfterValidator(_utc)]
+
+
 class Health(BaseModel):
     status: Literal["ok"] = "ok"
 
@@ -315,7 +326,7 @@ class Health(BaseModel):
 
 # The longest drain or pause one request may set: a forgotten one then ends by itself within a month.
 MAX_SAFETY_EXPIRY = timedelta(days=30)
-ExpiresInSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_SAFETY_EXPIRY)), _JSON_INT]
+ExpiresInSecs = Annotated[int, Field(ge=1, le=units.timedelta_to_seconds(MAX_SAFETY_EXPIRY)), JSON_INT]
 Reason = Annotated[str, StringConstraints(max_length=FILTER_MAX, pattern=r"^[^\x00-\x1f\x7f]*$")]
 
 
@@ -438,7 +449,7 @@ class RecoveryStatus(BaseModel):
 
 RuleTypeName = Literal["WorkflowFailure", "SlowQueue", "UnresponsiveApplication"]
 # Upstream's int32.
-MinIntervalSecs = Annotated[int, Field(ge=0, le=2**31 - 1), _JSON_INT]
+MinIntervalSecs = Annotated[int, Field(ge=0, le=2**31 - 1), JSON_INT]
 # A workflow or queue name: any text but NUL, which PostgreSQL's JSON cannot hold.
 RuleName = Annotated[str, StringConstraints(min_length=1, max_length=alerts.MAX_NAME, pattern=r"^[^\x00]+$")]
 
@@ -453,7 +464,7 @@ class RuleMetadata(BaseModel):
         f"{alerts.MAX_METADATA_DEPTH} levels deep and {alerts.MAX_METADATA_BYTES} bytes as JSON"))
 
     workflowName: RuleName | None = None
-    minFailures: Annotated[int, Field(ge=1, le=2**31 - 1), _JSON_INT] = 1
+    minFailures: Annotated[int, Field(ge=1, le=2**31 - 1), JSON_INT] = 1
     queueName: RuleName | None = None
     thresholdSecs: Annotated[float, Field(gt=0, le=alerts.MAX_THRESHOLD.total_seconds())] = \
         alerts.DEFAULT_THRESHOLD.total_seconds()

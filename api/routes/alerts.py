@@ -17,8 +17,8 @@ from fastapi import APIRouter, Path, Request, Response
 from fastapi.concurrency import run_in_threadpool
 
 from api.deps import AppName, AppPrincipal, OrgName, StoreDep, source_ip
+from api.managed import storable
 from api.problems import responses
-from api.routes.workflows import storable
 from api.schemas import AlertingRule, CreateAlertInputBody, extended
 from core import alerts, models, units
 from core.logs import OncePerKey

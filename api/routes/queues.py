@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 
 from api import conductor as c
-from api.routes.workflows import PREFIX, READ_ERRORS, ManagedDep
+from api.managed import PREFIX, READ_ERRORS, ManagedDep
 from core.errors import NotFoundError
 
 router = APIRouter(prefix=PREFIX, tags=["Queues"])

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from api import conductor as c
-from api.routes.workflows import PREFIX, READ_ERRORS, WRITE_ERRORS, ManagedDep
+from api.managed import PREFIX, READ_ERRORS, WRITE_ERRORS, ManagedDep
 from core import units
 from core.errors import NotFoundError
 

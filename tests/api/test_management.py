@@ -21,8 +21,8 @@ import pytest
 from dbos._conductor import protocol as p
 from dbos._error import DBOSNonExistentWorkflowError
 
-from api.routes.workflows import BulkLimiter
-from cli import admin
+from api.managed import BulkLimiter
+from cli import admin, common
 from cli.main import parser as cli_parser
 from core.errors import ExecutorsFailedError, NoExecutorError
 from core.settings import Settings
@@ -638,12 +638,12 @@ async def test_the_cli_says_an_unknown_workflow_is_not_found(env: Env, monkeypat
 
     loop = asyncio.get_running_loop()
 
-    def init(self: admin.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
+    def init(self: common.Api, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
         self.url, self.org = url, org
         self._client = httpx.Client(base_url=url, transport=LoopASGITransport(env.api.app, loop),
                                     headers={"Authorization": f"Bearer {key}"})
 
-    monkeypatch.setattr(admin.Api, "__init__", init)
+    monkeypatch.setattr(common.Api, "__init__", init)
     args = cli_parser().parse_args(["workflows", *argv, "--app", APP, "--url", BASE_URL, "--api-key", env.api.key])
     with pytest.raises(SystemExit) as failed:
         await asyncio.to_thread(admin.run, args, Settings())
