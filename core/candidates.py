@@ -1,9 +1,9 @@
 """Choosing which HEALTHY executor carries a request: the peer that recovers a dead executor, and the executor that
 runs an app's retention round.
 
-Pure functions over rows already loaded: ``core.store`` reads the app's HEALTHY executors (and the recovery
-claims), calls these, and writes the claim. Rows are anything with the attributes of ``Peer``, so the tests pass
-plain dataclasses and the store its ``Executor`` rows, and each gets back what it passed in.
+Pure functions over rows already loaded: ``core.store`` reads the app's HEALTHY executors (and the recovery and
+management claims), calls these, and writes the claim. Rows are anything with the attributes of ``Peer``, so the
+tests pass plain dataclasses and the store its ``Executor`` rows, and each gets back what it passed in.
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ RegisteredT = TypeVar("RegisteredT", bound=Registered)
 
 def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Collection[str] = (),
                      cross_version_allowed: bool = False, claims: Mapping[str, str] | None = None,
-                     dead_executor_id: str = "", carried: Mapping[str, int] | None = None,
+                     requests: Collection[str] = (), dead_executor_id: str = "",
+                     carried: Mapping[str, int] | None = None,
                      rng: random.Random | None = None) -> tuple[PeerT, bool] | None:
     """The peer to recover ``dead_executor_id``, and whether it runs another version; None when there is none.
 
@@ -50,6 +51,8 @@ def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Col
         claims: which peer each dead executor's recovery is on (dead executor id -> peer id). The peer with the
             fewest recoveries in flight is chosen, so a crowd of dead executors spreads evenly; the claim of
             ``dead_executor_id`` itself does not count (it is being moved).
+        requests: the peer of each operator's request in flight (one entry per request): each counts as a
+            recovery in flight on it.
         carried: recoveries each peer carried recently, finished ones included (peer id -> count). Among the
             least busy, the peer that carried the fewest is chosen: recoveries paced one at a time each find no
             recovery in flight, and would otherwise land on a random peer every time.
@@ -63,6 +66,7 @@ def select_candidate(healthy: Sequence[PeerT], *, app_version: str, exclude: Col
     if not chosen:
         return None
     load = Counter(peer for dead, peer in (claims or {}).items() if dead != dead_executor_id)
+    load.update(requests)
     done = carried or {}
     # One pass, with dict.get (a Counter's missing key goes through __missing__): an app may have thousands of peers.
     keyed = [((load.get(peer.executor_id, 0), done.get(peer.executor_id, 0)), peer) for peer in chosen]

@@ -17,7 +17,7 @@ from sqlmodel import Field, SQLModel, create_engine
 
 from core import migrations
 from core.settings import DatabasePool, Settings
-from workflows.contracts.common import ExecutorStatus
+from core.types import ExecutorStatus
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -84,6 +84,17 @@ class RecoveryClaim(SQLModel, table=True):
     app: str = Field(primary_key=True)
     dead_executor_id: str = Field(primary_key=True)
     candidate_id: str = Field(index=True)
+    claimed_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
+class ManagementClaim(SQLModel, table=True):
+    """Which executor an operator's slow request is on: counted as work in flight there, beside the recovery
+    claims, so a recovery goes to a free peer; one left behind by a gateway that died mid-request expires."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    request_id: str = Field(primary_key=True)
+    candidate_id: str
     claimed_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 

@@ -17,6 +17,7 @@ from core.settings import DatabasePool
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.unit.test_migrations import (
     check_filled,
+    check_management_claims_move,
     fill,
     legacy_create_all,
     open_at_once,
@@ -116,3 +117,7 @@ def test_settings_from_the_environment(cluster: PostgresCluster, monkeypatch: py
     with engine.connect() as conn:
         assert conn.execute(text("SHOW statement_timeout")).scalar() == "20s"
     engine.dispose()
+
+
+def test_management_claims_move_to_their_own_table(cluster: PostgresCluster) -> None:
+    check_management_claims_move(cluster.create_database("claims"))

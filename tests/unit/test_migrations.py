@@ -1,23 +1,25 @@
 """Schema migrations on SQLite (core/migrations): a new database migrated to head has exactly the models' schema, a
 database made by ``create_all`` before migrations is adopted with its rows, and processes starting together on one
-new database all get there. The same on PostgreSQL: tests/e2e/test_migrations.py, with these helpers."""
+new database all get there; 0006 moves operators' request claims to their own table. The same on PostgreSQL:
+tests/e2e/test_migrations.py, with these helpers."""
 
 from __future__ import annotations
 
 import multiprocessing
 import subprocess
 import sys
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlmodel import Session, SQLModel, select
 
 from core import migrations
-from core.models import ApiKey, Application, AuditLog, Executor, make_engine
+from core.models import ApiKey, Application, AuditLog, Executor, ManagementClaim, RecoveryClaim, make_engine
 from workflows.contracts.common import ExecutorStatus
 
 ORG = "local"
@@ -74,6 +76,46 @@ def check_filled(engine: Engine) -> None:
         assert (executor.status, executor.executor_metadata) == (ExecutorStatus.DEAD, {"k": [1, 2]})
         assert executor.created_at.tzinfo is not None
         assert [a.event_key for a in s.exec(select(AuditLog)).all()] == ["ev1"]
+
+
+def migrate_to(url: str, target: str, *, down: bool = False) -> None:
+    """Migrate the database up (or ``down``) to ``target`` only, as a Relay of that revision left it."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            cfg = migrations.config()
+            cfg.attributes["connection"] = conn
+            (command.downgrade if down else command.upgrade)(cfg, target)
+            conn.commit()
+    finally:
+        engine.dispose()
+
+
+def check_management_claims_move(url: str) -> None:
+    """0006 on a database at 0005 holding claims of both kinds: operators' request claims (until then recovery
+    claims of ``management:<request id>``) move to ``managementclaim``, recovery claims stay; a downgrade puts the
+    request claims back as they were."""
+    migrate_to(url, "0005")
+    claimed = datetime(2026, 12, 1, 12, 0, 0, 123456, tzinfo=UTC)
+    engine = create_engine(url)
+    with Session(engine) as s:
+        s.add(RecoveryClaim(org=ORG, app="orders", dead_executor_id="dead-1", candidate_id="p1", claimed_at=claimed))
+        s.add(RecoveryClaim(org=ORG, app="orders", dead_executor_id="management:req-1", candidate_id="p2",
+                            claimed_at=claimed))
+        s.commit()
+    migrate_to(url, "0006")
+    with Session(engine) as s:
+        assert [(c.dead_executor_id, c.candidate_id, c.claimed_at) for c in s.exec(select(RecoveryClaim)).all()] == [
+            ("dead-1", "p1", claimed)]
+        assert [(c.org, c.app, c.request_id, c.candidate_id, c.claimed_at)
+                for c in s.exec(select(ManagementClaim)).all()] == [(ORG, "orders", "req-1", "p2", claimed)]
+    migrate_to(url, "0005", down=True)
+    assert "managementclaim" not in inspect(engine).get_table_names()
+    with Session(engine) as s:
+        assert sorted((c.dead_executor_id, c.candidate_id, c.claimed_at)
+                      for c in s.exec(select(RecoveryClaim)).all()) == [("dead-1", "p1", claimed),
+                                                                        ("management:req-1", "p2", claimed)]
+    engine.dispose()
 
 
 def legacy_create_all(url: str) -> None:
@@ -233,4 +275,8 @@ def test_the_scripts_ship_inside_the_package() -> None:
     """Alembic finds the revisions next to the installed ``core.migrations`` (package data, not the checkout)."""
     assert (migrations.SCRIPT_LOCATION / "env.py").is_file()
     assert (migrations.SCRIPT_LOCATION / "script.py.mako").is_file()
-    assert migrations.heads() == frozenset({"0005"})
+    assert migrations.heads() == frozenset({"0006"})
+
+
+def test_management_claims_move_to_their_own_table(tmp_path: Path) -> None:
+    check_management_claims_move(f"sqlite:///{tmp_path / 'relay.db'}")

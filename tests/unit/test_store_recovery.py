@@ -1,16 +1,19 @@
 """Candidate selection against real SQLite and PostgreSQL: same version first, spread by recoveries in flight,
-cross-version only when the app allows it, claims released when the dead executor's record is deleted."""
+cross-version only when the app allows it, claims released when the dead executor's record is deleted; an operator's
+slow request claims its executor in a table of its own."""
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from sqlmodel import Session, select
 
-from core.models import make_engine
-from core.store import Store
+from core.models import ManagementClaim, RecoveryClaim, make_engine, utcnow
+from core.store import MANAGEMENT_CLAIM_TTL, Store
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
 
@@ -87,3 +90,39 @@ def test_deleting_the_dead_record_releases_its_claim(store: Store) -> None:
     store.delete_executor(org=ORG, app=APP, executor_id="dead-1", event_key="deleted-1", details={})
     # dead-1's recovery is over: `busy` carries nothing now, so it is the least loaded peer.
     assert _pick(store, "dead-3") == (busy, False)
+
+
+def _claims(store: Store) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``(dead executor, peer)`` of every recovery claim and ``(request, executor)`` of every management claim."""
+    with Session(store.engine) as s:
+        recovery = [(c.dead_executor_id, c.candidate_id) for c in s.exec(select(RecoveryClaim)).all()]
+        management = [(c.request_id, c.candidate_id) for c in s.exec(select(ManagementClaim)).all()]
+    return recovery, management
+
+
+def test_a_management_claim_has_a_table_of_its_own_and_counts_as_work_in_flight(store: Store) -> None:
+    _executor(store, "p1", "v1", ExecutorStatus.HEALTHY)
+    _executor(store, "p2", "v1", ExecutorStatus.HEALTHY)
+    store.claim_for_management(org=ORG, app=APP, executor_id="p1", request_id="r1")
+    assert _pick(store, "dead-1") == ("p2", False)  # p1 is busy with the operator's request
+    assert _claims(store) == ([("dead-1", "p2")], [("r1", "p1")])
+    assert store.management_candidates(ORG, APP).busy == {"p1", "p2"}
+    store.release_management_claim(org=ORG, app=APP, request_id="r1")
+    assert _claims(store) == ([("dead-1", "p2")], [])
+    assert store.management_candidates(ORG, APP).busy == {"p2"}
+
+
+def test_a_management_claim_left_behind_expires(store: Store) -> None:
+    """A gateway that died mid-request never releases its claim: past ``MANAGEMENT_CLAIM_TTL`` it stops counting."""
+    _executor(store, "p1", "v1", ExecutorStatus.HEALTHY)
+    store.claim_for_management(org=ORG, app=APP, executor_id="p1", request_id="r1")
+    assert store.management_candidates(ORG, APP).busy == {"p1"}
+    with Session(store.engine) as s:
+        claim = s.exec(select(ManagementClaim)).one()
+        claim.claimed_at = utcnow() - MANAGEMENT_CLAIM_TTL - timedelta(seconds=1)
+        s.add(claim)
+        s.commit()
+    assert store.management_candidates(ORG, APP).busy == set()
+    _executor(store, "p2", "v1", ExecutorStatus.HEALTHY)
+    store.claim_for_management(org=ORG, app=APP, executor_id="p2", request_id="r2")
+    assert _pick(store, "dead-1") == ("p1", False)  # p2's request counts, p1's stale one does not

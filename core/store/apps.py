@@ -1,0 +1,96 @@
+"""Applications: registering (by an executor's first connection or the REST API), reading, changing and deleting
+them, each found by name through the one app lookup (``base.find_app``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete as sa_delete
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, or_, select
+
+from core import units
+from core.models import (
+    AlertingRule,
+    Application,
+    AuditLog,
+    Executor,
+    ExecutorDrain,
+    RecoveryGate,
+    RecoveryPause,
+    RecoveryTicket,
+)
+from core.store.base import StoreBase, app_row, find_app
+
+
+class AppsStore(StoreBase):
+    def get_app(self, org: str, name: str) -> Application:
+        with Session(self.engine) as s:
+            return app_row(s, org, name)
+
+    def ensure_app(self, org: str, name: str, *, subject: str = "system", source_ip: str = "",
+                   private_mode: bool | None = None) -> tuple[Application, bool]:
+        """Return the app, registering it with defaults (audited) if it does not exist yet."""
+        with Session(self.engine) as s:
+            row = find_app(s, org, name)
+            if row is not None:
+                return row, False
+            app = Application(org=org, name=name, private_mode=bool(private_mode))
+            s.add(app)
+            s.add(AuditLog(org=org, app=name, operation="app.registered", subject=subject,
+                           source_ip=source_ip, details={"app": name}))
+            try:
+                s.commit()
+            except IntegrityError:  # registered concurrently by another connection
+                s.rollback()
+                return self.get_app(org, name), False
+            s.refresh(app)
+            return app, True
+
+    def update_app(self, org: str, name: str, changes: dict[str, Any], *, subject: str,
+                   source_ip: str = "") -> Application:
+        with Session(self.engine) as s:
+            app = app_row(s, org, name)
+            for field, value in changes.items():
+                setattr(app, field, value)
+            s.add(app)
+            s.add(AuditLog(org=org, app=name, operation="app.updated", subject=subject, source_ip=source_ip,
+                           details=units.app_settings_to_rest(changes)))
+            s.commit()
+            s.refresh(app)
+            return app
+
+    def list_apps(self, org: str, names: tuple[str, ...] | None = None
+                  ) -> list[tuple[Application, list[Executor]]]:
+        """The org's apps (only ``names``, when given), each with its executors, in name order."""
+        with Session(self.engine) as s:
+            q = select(Application).where(Application.org == org)
+            if names is not None:
+                q = q.where(col(Application.name).in_(names))
+            apps = s.exec(q.order_by(col(Application.name))).all()
+            executors = s.exec(select(Executor).where(Executor.org == org)
+                               .order_by(col(Executor.created_at))).all()
+        by_app: dict[str, list[Executor]] = {}
+        for row in executors:
+            by_app.setdefault(row.app, []).append(row)
+        return [(app, by_app.get(app.name, [])) for app in apps]
+
+    def delete_app(self, org: str, name: str, *, subject: str, source_ip: str,
+                   orphans: list[str], details: dict[str, Any]) -> None:
+        """Delete the app's row (audited), the registry rows of ``orphans`` (executors whose lifecycle workflow is
+        gone, so nothing else will ever delete them), and what belongs to the app alone: its drains, pause, recovery
+        gate and tickets, and its alerting rules (an app registered again under the name starts afresh)."""
+        with Session(self.engine) as s:
+            app = app_row(s, org, name)
+            s.delete(app)
+            for executor_id in orphans:
+                row = s.get(Executor, (org, name, executor_id))
+                if row is not None:
+                    s.delete(row)
+            for table in (ExecutorDrain, RecoveryPause, RecoveryGate, RecoveryTicket):
+                s.execute(sa_delete(table).where(col(table.org) == org, col(table.app) == name))
+            s.execute(sa_delete(AlertingRule).where(or_(col(AlertingRule.app_id) == app.id,
+                                                        col(AlertingRule.receiving_app_id) == app.id)))
+            s.add(AuditLog(org=org, app=name, operation="app.deleted", subject=subject, source_ip=source_ip,
+                           details=details))
+            s.commit()

@@ -1,0 +1,184 @@
+"""The executor registry, written on behalf of each executor's lifecycle workflow (status, deletion) and read by
+the REST API, the gateways, the metrics, the orphan sweep and the reconciliation."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select as sa_select
+from sqlmodel import Session, col, select
+
+from core.models import AuditLog, Executor, RecoveryClaim, RecoveryTicket, utcnow
+from core.store.base import StoreBase
+from core.types import ExecutorInfo, ExecutorStatus
+
+# A DEAD executor's recovery steps, as its lifecycle workflow audits them: the last one since it died says whether
+# its recovery is blocked for lack of a peer (``Store.blocked_recoveries``).
+RECOVERY_STEPS = ("executor.recovery.blocked", "executor.recovery.unblocked", "executor.recovery.dispatched",
+                  "executor.recovery.cancelled")
+
+
+@dataclass(frozen=True)
+class StatusWritten:
+    """What ``Store.record_status`` did: whether this call wrote the event (False: an earlier try of the same
+    activity had), and, for a HEALTHY write, the ids of the app's DEAD executors."""
+
+    written: bool
+    dead: list[str]
+
+
+@dataclass(frozen=True)
+class BlockedRecovery:
+    """A DEAD executor whose recovery waits for a peer: the last recovery step its lifecycle recorded since it died
+    is ``executor.recovery.blocked`` (no HEALTHY, undrained executor of its version)."""
+
+    executor_id: str
+    app_version: str
+    died_at: datetime
+    blocked_at: datetime
+    reason: str
+
+
+def dead_executors(s: Session, org: str, app: str) -> list[str]:
+    """The ids of the app's DEAD executors (each one's recovery may be waiting for a peer)."""
+    return list(s.exec(select(Executor.executor_id).where(
+        Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all())
+
+
+def _drop_waiting_ticket(s: Session, org: str, app: str, executor_id: str) -> None:
+    """A DEAD executor back before its recovery was let through: its ticket is no longer waiting at the gate (nor,
+    for the breaker, an executor gone down). A ticket let through stays: it says which peer carried a recovery."""
+    row = s.get(RecoveryTicket, (org, app, executor_id))
+    if row is not None and row.granted_at is None:
+        s.delete(row)
+
+
+class RegistryStore(StoreBase):
+    def list_executors(self, org: str, app: str) -> list[Executor]:
+        with Session(self.engine) as s:
+            return list(s.exec(select(Executor).where(Executor.org == org, Executor.app == app)
+                               .order_by(col(Executor.created_at))).all())
+
+    def record_status(self, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
+                      event_key: str, info: ExecutorInfo | None, connection_id: str | None,
+                      gateway_queue: str | None, details: dict[str, Any]) -> StatusWritten:
+        """Upsert the registry row and write its audit row, both at most once per ``event_key``; whether this call
+        wrote them and, for a HEALTHY write, the ids of the app's DEAD executors (each one's workflow may be waiting
+        for a peer)."""
+        with Session(self.engine) as s:
+            landed = s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None
+            if not landed:  # else a retried activity: this event already landed
+                now = utcnow()
+                row = s.get(Executor, (org, app, executor_id))
+                if row is None:
+                    row = Executor(org=org, app=app, executor_id=executor_id, created_at=now)
+                elif row.status == ExecutorStatus.DEAD and status == ExecutorStatus.HEALTHY:
+                    _drop_waiting_ticket(s, org, app, executor_id)  # back before its recovery went: called off
+                row.status = status
+                row.updated_at = now
+                if info is not None:
+                    row.app_version = info.application_version
+                    row.hostname = info.hostname
+                    row.language = info.language
+                    row.dbos_version = info.dbos_version
+                    row.executor_metadata = info.executor_metadata
+                if connection_id is not None:
+                    row.connection_id = connection_id
+                    row.gateway_queue = gateway_queue
+                s.add(row)
+                s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
+                               operation=operation, details=details, emit_time=now))
+                s.commit()
+            if status != ExecutorStatus.HEALTHY:
+                return StatusWritten(written=not landed, dead=[])
+            return StatusWritten(written=not landed, dead=dead_executors(s, org, app))
+
+    def dead_since(self, *, org: str, app: str, executor_id: str) -> datetime | None:
+        """When the executor was recorded DEAD (its row's last write), or None when it is not DEAD."""
+        with Session(self.engine) as s:
+            row = s.get(Executor, (org, app, executor_id))
+        return row.updated_at if row is not None and row.status == ExecutorStatus.DEAD else None
+
+    def delete_executor(self, *, org: str, app: str, executor_id: str, event_key: str,
+                        details: dict[str, Any]) -> None:
+        with Session(self.engine) as s:
+            if s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None:
+                return
+            row = s.get(Executor, (org, app, executor_id))
+            if row is not None:
+                s.delete(row)
+            claim = s.get(RecoveryClaim, (org, app, executor_id))
+            if claim is not None:
+                s.delete(claim)
+            s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
+                           operation="executor.deleted", details=details))
+            s.commit()
+
+    def blocked_recoveries(self, org: str, app: str) -> list[BlockedRecovery]:
+        """The app's DEAD executors whose recovery is blocked for lack of a peer, as their lifecycle workflows
+        recorded it: the last of their recovery steps audited since they died (the registry row's last write) is
+        ``executor.recovery.blocked``. Oldest death first."""
+        with Session(self.engine) as s:
+            dead = {e.executor_id: e for e in s.exec(select(Executor).where(
+                Executor.org == org, Executor.app == app, Executor.status == ExecutorStatus.DEAD)).all()}
+            if not dead:
+                return []
+            steps = s.exec(select(AuditLog).where(  # the emit_time index: only rows since the oldest death
+                AuditLog.org == org, AuditLog.app == app,
+                col(AuditLog.emit_time) >= min(e.updated_at for e in dead.values()),
+                col(AuditLog.operation).in_(RECOVERY_STEPS), col(AuditLog.executor_id).in_(list(dead)))
+                .order_by(col(AuditLog.emit_time))).all()
+        last: dict[str, AuditLog] = {}
+        for row in steps:
+            if row.executor_id is not None and row.emit_time >= dead[row.executor_id].updated_at:
+                last[row.executor_id] = row
+        blocked = [BlockedRecovery(executor_id=i, app_version=dead[i].app_version, died_at=dead[i].updated_at,
+                                   blocked_at=row.emit_time, reason=str((row.details or {}).get("reason", "")))
+                   for i, row in last.items() if row.operation == "executor.recovery.blocked"]
+        return sorted(blocked, key=lambda b: b.died_at)
+
+    def executor_counts(self, org: str) -> Counter[tuple[str, str, str]]:
+        """The org's registry rows counted by ``(org, app, status)``."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor.org, Executor.app, Executor.status).where(Executor.org == org)).all()
+        return Counter((org, app, str(status)) for org, app, status in rows)
+
+    def executors_on_gateway(self, gateway_queue: str) -> list[tuple[str, str, str, str]]:
+        """``(org, app, executor_id, connection_id)`` of HEALTHY executors whose socket is on that gateway."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue,
+                                                 Executor.status == ExecutorStatus.HEALTHY)).all()
+        return [(r.org, r.app, r.executor_id, r.connection_id or "") for r in rows]
+
+    def registry_on_gateway(self, gateway_queue: str) -> dict[tuple[str, str, str], tuple[ExecutorStatus, str]]:
+        """``(org, app, executor_id) -> (status, connection_id)`` of every executor last placed on that gateway."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue)).all()
+        return {(r.org, r.app, r.executor_id): (r.status, r.connection_id or "") for r in rows}
+
+    def apps_with_healthy_executors(self) -> list[tuple[str, str]]:
+        """``(org, app)`` of every app with a HEALTHY executor in the registry (the orphan sweep asks one of them)."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(Executor.org, Executor.app).where(Executor.status == ExecutorStatus.HEALTHY)
+                          .distinct().order_by(col(Executor.org), col(Executor.app))).all()
+        return [(org, app) for org, app in rows]
+
+    def registry_row(self, org: str, app: str, executor_id: str) -> Executor | None:
+        with Session(self.engine) as s:
+            return s.get(Executor, (org, app, executor_id))
+
+    def registry_rows(self) -> list[tuple[str, str, str, ExecutorStatus, str]]:
+        """``(org, app, executor_id, status, app_version)`` of every registry row (the reconciliation's scan)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(sa_select(col(Executor.org), col(Executor.app), col(Executor.executor_id),
+                                          col(Executor.status), col(Executor.app_version))).all()
+        return [(org, app, executor_id, ExecutorStatus(status), version)
+                for org, app, executor_id, status, version in rows]
+
+    def registered_executor_ids(self) -> set[str]:
+        """Every executor id with a registry row, in any status, org and app (the orphan sweep leaves them alone)."""
+        with Session(self.engine) as s:
+            return set(s.exec(select(Executor.executor_id).distinct()).all())
