@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from temporalio import activity
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 
 from activities.alerts import start_own_alert_delivery
@@ -23,7 +22,12 @@ from activities.database import database_calls
 from core import metrics, orphans
 from core.store import Store
 from workflows.contracts.alerts import OwnAlertEvent
-from workflows.contracts.common import SHARED_TASK_QUEUE, Activity, lifecycle_workflow_id
+from workflows.contracts.common import (
+    SHARED_TASK_QUEUE,
+    Activity,
+    lifecycle_search_attributes,
+    lifecycle_workflow_id,
+)
 from workflows.contracts.lifecycle import LifecycleInput
 from workflows.contracts.orphans import (
     FindOrphansInput,
@@ -33,12 +37,6 @@ from workflows.contracts.orphans import (
     StartOrphanRecoveryInput,
 )
 
-# The gateway's search attributes for a lifecycle workflow (``gateway.runtime``; activities may not import the
-# gateway): with them the workflow keeps ``RelayExecutorStatus`` up to date, and operators find it.
-RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
-RELAY_APP = SearchAttributeKey.for_keyword("RelayApp")
-RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
-RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
 # The lifecycle workflow's type, by name: the worker registers it (activities may not import workflow code).
 LIFECYCLE_WORKFLOW = "ExecutorLifecycleWorkflow"
 
@@ -89,10 +87,7 @@ class OrphanActivities:
                                probe_timeout=input.probe_timeout, orphan=input.info),
                 id=lifecycle_workflow_id(org, app, executor_id),
                 task_queue=SHARED_TASK_QUEUE,
-                search_attributes=TypedSearchAttributes([
-                    SearchAttributePair(RELAY_ORG, org), SearchAttributePair(RELAY_APP, app),
-                    SearchAttributePair(RELAY_EXECUTOR_ID, executor_id),
-                    SearchAttributePair(RELAY_APP_VERSION, input.info.app_version)]),
+                search_attributes=lifecycle_search_attributes(org, app, executor_id, input.info.app_version),
                 static_summary=f"orphaned DBOS executor {executor_id} of {org}/{app}",
             )
         except WorkflowAlreadyStartedError:

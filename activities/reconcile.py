@@ -22,15 +22,20 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.client import Client
-from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError
 
 from activities.database import database_calls
-from activities.orphans import LIFECYCLE_WORKFLOW, RELAY_APP, RELAY_APP_VERSION, RELAY_EXECUTOR_ID, RELAY_ORG
+from activities.orphans import LIFECYCLE_WORKFLOW
 from core import metrics
 from core.store import Store
-from workflows.contracts.common import SHARED_TASK_QUEUE, Activity, ExecutorStatus, lifecycle_workflow_id
+from workflows.contracts.common import (
+    SHARED_TASK_QUEUE,
+    Activity,
+    ExecutorStatus,
+    lifecycle_search_attributes,
+    lifecycle_workflow_id,
+)
 from workflows.contracts.lifecycle import LifecycleInput
 from workflows.contracts.reconcile import ReconcileInput, ReconcileResult
 
@@ -103,10 +108,7 @@ async def _start(client: Client, input: ReconcileInput, org: str, app: str, exec
                            probe_timeout=input.probe_timeout, reconcile=True),
             id=lifecycle_workflow_id(org, app, executor_id),
             task_queue=SHARED_TASK_QUEUE,
-            search_attributes=TypedSearchAttributes([
-                SearchAttributePair(RELAY_ORG, org), SearchAttributePair(RELAY_APP, app),
-                SearchAttributePair(RELAY_EXECUTOR_ID, executor_id),
-                SearchAttributePair(RELAY_APP_VERSION, version)]),
+            search_attributes=lifecycle_search_attributes(org, app, executor_id, version),
             static_summary=f"DBOS executor {executor_id} of {org}/{app} (reconciled from the registry)",
         )
     except WorkflowAlreadyStartedError:

@@ -20,7 +20,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from temporalio.client import Client, WorkflowHandle
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 from temporalio.worker import Worker
@@ -42,6 +41,7 @@ from workflows.contracts.common import (
     DisconnectedSignal,
     ExecutorStatus,
     gateway_workflow_id,
+    lifecycle_search_attributes,
     lifecycle_workflow_id,
 )
 from workflows.contracts.gateway_watch import GatewayInput
@@ -285,7 +285,7 @@ class Gateway:
                 task_queue=SHARED_TASK_QUEUE,
                 start_signal=Signal.CONNECTED,
                 start_signal_args=[signal],
-                search_attributes=_search_attributes(org, app, executor_id, signal.info.application_version),
+                search_attributes=lifecycle_search_attributes(org, app, executor_id, signal.info.application_version),
                 static_summary=f"DBOS executor {executor_id} of {org}/{app}",
             )
 
@@ -470,16 +470,3 @@ async def _drop(work: Awaitable[object]) -> None:
         log.exception("background work failed")
 
 
-RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
-RELAY_APP = SearchAttributeKey.for_keyword("RelayApp")
-RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
-RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
-
-
-def _search_attributes(org: str, app: str, executor_id: str, version: str) -> TypedSearchAttributes:
-    return TypedSearchAttributes([
-        SearchAttributePair(RELAY_ORG, org),
-        SearchAttributePair(RELAY_APP, app),
-        SearchAttributePair(RELAY_EXECUTOR_ID, executor_id),
-        SearchAttributePair(RELAY_APP_VERSION, version),
-    ])

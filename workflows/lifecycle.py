@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TypeVar
 
 from temporalio import workflow
-from temporalio.common import RetryPolicy, SearchAttributeKey
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, CancelledError, FailureError
 from temporalio.workflow import ActivityHandle
 
@@ -30,6 +30,8 @@ from workflows.timing import (
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.alerts import OwnAlertEvent, start_own_alert
     from workflows.contracts.common import (
+        RELAY_EXECUTOR_STATUS,
+        RELAY_ORG,
         Candidate,
         ConnectedSignal,
         DisconnectedSignal,
@@ -68,8 +70,6 @@ with workflow.unsafe.imports_passed_through():
 A = TypeVar("A")
 T = TypeVar("T")
 
-RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
-RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
 
 
 class _Removed(Exception):

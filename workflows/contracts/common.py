@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+
 from core.types import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTES
 from core.types import ExecutorInfo as ExecutorInfo
 from core.types import ExecutorStatus as ExecutorStatus
@@ -80,6 +82,22 @@ def gateway_workflow_id(gateway_queue: str) -> str:
 
 def lifecycle_workflow_id(org: str, app: str, executor_id: str) -> str:
     return f"relay-executor/{org}/{app}/{executor_id}"
+
+
+# Relay's search attributes (``SEARCH_ATTRIBUTES``) as typed keys: one definition for every writer and reader.
+RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
+RELAY_APP = SearchAttributeKey.for_keyword("RelayApp")
+RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
+RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
+RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
+
+
+def lifecycle_search_attributes(org: str, app: str, executor_id: str, version: str) -> TypedSearchAttributes:
+    """What a lifecycle workflow is started with (the gateway's signal-with-start, the orphan sweep's and the
+    reconciliation's starts), so Temporal's visibility finds it by org, app, executor and version."""
+    return TypedSearchAttributes([
+        SearchAttributePair(RELAY_ORG, org), SearchAttributePair(RELAY_APP, app),
+        SearchAttributePair(RELAY_EXECUTOR_ID, executor_id), SearchAttributePair(RELAY_APP_VERSION, version)])
 
 
 @dataclass
