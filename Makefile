@@ -90,8 +90,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 
+# `make bench PARTS="rest scale"`: only those parts (README, "Benchmarks"); `scale` runs only when named.
+PARTS ?=
 bench: $(STAMP)
-	$(PY) -m tests.bench
+	$(PY) -m tests.bench $(PARTS)
 
 openapi: $(STAMP)
 	$(PY) -m api.openapi > api/spec/openapi.json

@@ -1,4 +1,6 @@
-"""`make bench`: ``python -m tests.bench [fleet] [storm] [flood] [management]`` (all by default).
+"""`make bench`: ``python -m tests.bench [fleet] [storm] [flood] [management] [rest] [scale]``; with no part named,
+all but ``scale`` (a fleet of 10,000 across processes on PostgreSQL: opt-in, ``make bench PARTS=scale``, see
+``tests/bench/bench_scale.py``).
 
 Environment: ``BENCH_SCALE`` (default 1; 0.1 for a quick pass) scales every fleet and storm size;
 ``BENCH_DIR`` (default ``.relay-bench``) holds the data dirs, logs and ``results.json``.
@@ -10,14 +12,16 @@ import os
 import sys
 import time
 
-from tests.bench import bench_fleet, bench_management, bench_storm, flood
+from tests.bench import bench_fleet, bench_management, bench_rest, bench_scale, bench_storm, flood
 from tests.bench.common import SCALE, Results, log, raise_nofile, write_results
 
-BENCHES = {"fleet": bench_fleet.run, "storm": bench_storm.run, "flood": flood.run, "management": bench_management.run}
+BENCHES = {"fleet": bench_fleet.run, "storm": bench_storm.run, "flood": flood.run, "management": bench_management.run,
+           "rest": bench_rest.run, "scale": bench_scale.run}
+OPT_IN = {"scale"}  # run only when named
 
 
 def main(argv: list[str]) -> int:
-    chosen = argv or list(BENCHES)
+    chosen = argv or [name for name in BENCHES if name not in OPT_IN]
     unknown = [name for name in chosen if name not in BENCHES]
     if unknown:
         print(f"unknown benchmark(s) {unknown}; choose from {list(BENCHES)}", file=sys.stderr)

@@ -10,12 +10,15 @@ together. Not in a history, so not counted here: queries, activity heartbeats (t
 heartbeat while they wait), and the gateway watch's heartbeats (per gateway, not per executor).
 
 Each history is split into phases at the signals that begin them: ``connect`` runs from the start to the first
-``disconnected``; what follows is named by the scenario.
+``disconnected``; what follows is named by the scenario. ``count_live`` applies the same rules to every history on a
+running Temporal, by time window (``bench_scale``'s phases).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,46 +44,92 @@ def _attributes(event: dict[str, Any]) -> dict[str, Any]:
     return next((v for k, v in event.items() if k.endswith("Attributes") and isinstance(v, dict)), {})
 
 
+def actions_of(events: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Each action in one run's events (a history as JSON, ``WorkflowHistory.to_json_dict()["events"]``): the index
+    of the event that carries it and what it is, once per action (an activity retried twice: two entries)."""
+    out: list[tuple[int, str]] = []
+    marked_tasks: set[str] = set()  # workflow tasks whose markers were counted
+    # The signal of the signal-with-start that started the run is in its one action: the run's first signal, before
+    # its first workflow task started (the test server writes ``STARTED, WORKFLOW_TASK_SCHEDULED, SIGNALED``, the dev
+    # server ``STARTED, SIGNALED, WORKFLOW_TASK_SCHEDULED``). A signal-with-start to a running workflow is a signal.
+    with_start = bool(events) and events[0]["eventType"].endswith("WORKFLOW_EXECUTION_STARTED") and not _attributes(
+        events[0]).get("continuedExecutionRunId")
+    for index, event in enumerate(events):
+        kind, attrs = event["eventType"].removeprefix("EVENT_TYPE_"), _attributes(event)
+        if kind == "WORKFLOW_EXECUTION_STARTED":
+            # A run continued-as-new was paid for by its predecessor's CONTINUED_AS_NEW, counted there.
+            if not attrs.get("continuedExecutionRunId"):
+                out.append((index, "workflow start (signal-with-start)"))
+        elif kind == "WORKFLOW_TASK_STARTED":
+            with_start = False
+        elif kind == "WORKFLOW_EXECUTION_SIGNALED":
+            if not with_start:
+                out.append((index, f"signal {attrs.get('signalName')}"))
+            with_start = False
+        elif kind == "TIMER_STARTED":
+            out.append((index, "timer"))
+        elif kind == "ACTIVITY_TASK_SCHEDULED":
+            out.append((index, f"activity {attrs['activityType']['name']}"))
+        elif kind == "ACTIVITY_TASK_STARTED":
+            out += [(index, "activity retry")] * (int(attrs.get("attempt", 1)) - 1)
+        elif kind == "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES":
+            names = set(attrs.get("searchAttributes", {}).get("indexedFields", {}))
+            if names - EXEMPT_ATTRIBUTES:
+                out.append((index, "search-attribute upsert"))
+        elif kind == "MARKER_RECORDED":
+            task = str(attrs.get("workflowTaskCompletedEventId"))
+            if task not in marked_tasks:
+                marked_tasks.add(task)
+                out.append((index, "markers of a workflow task (local activities)"))
+        elif kind == "WORKFLOW_EXECUTION_CONTINUED_AS_NEW":
+            out.append((index, "continue-as-new"))
+    return out
+
+
 def count(events: list[dict[str, Any]], *, after_connect: str) -> list[Phase]:
     """The actions of one run's events, by phase: ``connect``, then ``after_connect`` from the first
     ``disconnected`` signal on, then ``ENDED_BY_TEST`` from a ``removed`` signal on."""
+    by_event: dict[int, list[str]] = {}
+    for index, what in actions_of(events):
+        by_event.setdefault(index, []).append(what)
     phases = [Phase("connect")]
-    marked_tasks: set[str] = set()  # workflow tasks whose markers were counted
     for index, event in enumerate(events):
         kind, attrs = event["eventType"].removeprefix("EVENT_TYPE_"), _attributes(event)
         if kind == "WORKFLOW_EXECUTION_SIGNALED" and attrs.get("signalName") == "disconnected" and len(phases) == 1:
             phases.append(Phase(after_connect))
         if kind == "WORKFLOW_EXECUTION_SIGNALED" and attrs.get("signalName") == "removed":
             phases.append(Phase(ENDED_BY_TEST))
-        actions = phases[-1].actions
-        if kind == "WORKFLOW_EXECUTION_STARTED":
-            actions["workflow start (signal-with-start)"] += 1
-        elif kind == "WORKFLOW_EXECUTION_SIGNALED":
-            # The signal of the signal-with-start that started the run (``STARTED, WORKFLOW_TASK_SCHEDULED,
-            # SIGNALED``) is in its one action; a signal-with-start to a running workflow counts as a signal.
-            with_start = index == 2 and events[0]["eventType"].endswith("WORKFLOW_EXECUTION_STARTED")
-            if not with_start:  # the signal of a signal-with-start that started the run is in its one action
-                actions[f"signal {attrs.get('signalName')}"] += 1
-        elif kind == "TIMER_STARTED":
-            actions["timer"] += 1
-        elif kind == "ACTIVITY_TASK_SCHEDULED":
-            actions[f"activity {attrs['activityType']['name']}"] += 1
-        elif kind == "ACTIVITY_TASK_STARTED":
-            retries = int(attrs.get("attempt", 1)) - 1
-            if retries > 0:
-                actions["activity retry"] += retries
-        elif kind == "UPSERT_WORKFLOW_SEARCH_ATTRIBUTES":
-            names = set(attrs.get("searchAttributes", {}).get("indexedFields", {}))
-            if names - EXEMPT_ATTRIBUTES:
-                actions["search-attribute upsert"] += 1
-        elif kind == "MARKER_RECORDED":
-            task = str(attrs.get("workflowTaskCompletedEventId"))
-            if task not in marked_tasks:
-                marked_tasks.add(task)
-                actions["markers of a workflow task (local activities)"] += 1
-        elif kind == "WORKFLOW_EXECUTION_CONTINUED_AS_NEW":
-            actions["continue-as-new"] += 1
+        phases[-1].actions.update(by_event.get(index, []))
     return phases
+
+
+def count_live(address: str, windows: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """The actions of every run on the Temporal at ``address`` (its default namespace), counted by the rules above
+    and bucketed by event time into each window ``[start, end]`` (epoch seconds): ``{window: {what: n}}``, with
+    ``runs`` counted and ``seconds_to_count``."""
+    from temporalio.client import Client
+
+    async def collect() -> tuple[int, list[tuple[float, str]]]:
+        client = await Client.connect(address)
+        runs = [(w.id, w.run_id) async for w in client.list_workflows()]
+        gate = asyncio.Semaphore(16)
+
+        async def one(workflow_id: str, run_id: str | None) -> list[tuple[float, str]]:
+            async with gate:
+                history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
+            events = history.to_json_dict()["events"]
+            return [(history.events[i].event_time.ToMicroseconds() / 1e6, what)
+                    for i, what in actions_of(events)]
+
+        found = await asyncio.gather(*(one(w, r) for w, r in runs))
+        return len(runs), [a for run in found for a in run]
+
+    began = time.monotonic()
+    runs, every = asyncio.run(collect())
+    out: dict[str, Any] = {"runs": runs, "seconds_to_count": round(time.monotonic() - began, 1)}
+    for name, (start, end) in windows.items():
+        out[name] = dict(Counter(what for at, what in every if start <= at <= end).most_common())
+    return out
 
 
 # The lifecycle scenarios an executor goes through: (fixture, the name of what follows its connect).

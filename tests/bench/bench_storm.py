@@ -142,9 +142,7 @@ def _p6(stack: Stack, gen: Generator, n: int) -> dict[str, Any]:
     again = gen.call("connect", url=url, prefix="re-", count=n, concurrency=n, timeout=120)
     try:
         t_healthy = stack.wait_healthy(P6_APP, n, since=t_drop, timeout=60)
-        with stack.db() as db:
-            last = max(epoch(u) for (u,) in db.execute("SELECT updated_at FROM executor WHERE app = ?",
-                                                       (P6_APP,)))
+        last = max(epoch(u) for (u,) in stack.query("SELECT updated_at FROM executor WHERE app = ?", (P6_APP,)))
         healthy_s = min(t_healthy, last) - t_drop
     except TimeoutError as err:
         log(f"  P6: {err}")

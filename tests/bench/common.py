@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -164,7 +164,8 @@ class Generator:
         self.proc.stop(timeout=10)
         for pipe in (self.proc.popen.stdin, self.proc.popen.stdout):
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):  # a generator that died leaves "quit" unflushed: BrokenPipeError
+                    pipe.close()
 
 
 # -- a Relay stack -----------------------------------------------------------------------------------------
@@ -239,23 +240,38 @@ class Stack:
         response.raise_for_status()
         return {e["executorId"]: e["status"] for e in response.json()}
 
-    @contextlib.contextmanager
-    def db(self) -> Iterator[sqlite3.Connection]:
-        conn = sqlite3.connect(f"file:{self.data_dir / 'relay.db'}?mode=ro", uri=True, timeout=30)
-        try:
-            yield conn
-        finally:
-            conn.close()
+    @property
+    def db_url(self) -> str | None:
+        """Relay's database when it is not the SQLite file in the data dir (``RELAY_DATABASE_URL``)."""
+        return self.env.get("RELAY_DATABASE_URL")
+
+    def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """The rows of ``sql`` (``?`` placeholders) on Relay's database, read-only: the SQLite file in the data dir,
+        or PostgreSQL when ``RELAY_DATABASE_URL`` names it."""
+        if self.db_url is None:
+            conn = sqlite3.connect(f"file:{self.data_dir / 'relay.db'}?mode=ro", uri=True, timeout=30)
+            try:
+                return [tuple(row) for row in conn.execute(sql, tuple(params))]
+            finally:
+                conn.close()
+        import psycopg  # the postgres extra: only the PostgreSQL parts need it
+
+        with psycopg.connect(pg_dsn(self.db_url), autocommit=True) as pg:
+            return [tuple(row) for row in pg.execute(sql.replace("?", "%s"), tuple(params))]
+
+    def _stamp(self, since: float) -> str | datetime:
+        """``since`` (epoch seconds) as the database compares timestamps: SQLite stores them as UTC text."""
+        moment = datetime.fromtimestamp(since, UTC)
+        return moment if self.db_url is not None else moment.strftime("%Y-%m-%d %H:%M:%S.%f")
 
     def status_counts(self, app: str, *, since: float | None = None) -> dict[str, int]:
         """Registry rows of ``app`` by status (only rows updated at or after ``since``, epoch seconds)."""
-        query = "SELECT status, updated_at FROM executor WHERE org = ? AND app = ?"
-        counts: dict[str, int] = {}
-        with self.db() as db:
-            for status, updated in db.execute(query, (ORG, app)):
-                if since is None or epoch(updated) >= since:
-                    counts[status] = counts.get(status, 0) + 1
-        return counts
+        query = "SELECT status, COUNT(*) FROM executor WHERE org = ? AND app = ?"
+        params: list[Any] = [ORG, app]
+        if since is not None:
+            query += " AND updated_at >= ?"
+            params.append(self._stamp(since))
+        return {str(status): int(n) for status, n in self.query(query + " GROUP BY status", params)}
 
     def audit(self, app: str, operations: Sequence[str], *, since: float | None = None
               ) -> list[tuple[str, str, float]]:
@@ -263,17 +279,19 @@ class Stack:
         marks = ",".join("?" * len(operations))
         query = (f"SELECT operation, executor_id, emit_time FROM auditlog WHERE org = ? AND app = ? "
                  f"AND operation IN ({marks})")
-        with self.db() as db:
-            rows = [(op, ex, epoch(t)) for op, ex, t in db.execute(query, (ORG, app, *operations))]
-        return [r for r in rows if since is None or r[2] >= since]
+        params: list[Any] = [ORG, app, *operations]
+        if since is not None:
+            query += " AND emit_time >= ?"
+            params.append(self._stamp(since))
+        return [(op, ex, epoch(t)) for op, ex, t in self.query(query, params)]
 
     def audit_reasons(self, app: str, operation: str, *, since: float) -> Counter[str]:
         """The ``reason`` details of ``operation`` rows of ``app`` since ``since``, counted."""
-        stamp = datetime.fromtimestamp(since, UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
         query = "SELECT details FROM auditlog WHERE org = ? AND app = ? AND operation = ? AND emit_time >= ?"
-        with self.db() as db:
-            return Counter(str(json.loads(d or "{}").get("reason", ""))[:160]
-                           for (d,) in db.execute(query, (ORG, app, operation, stamp)))
+        rows = self.query(query, (ORG, app, operation, self._stamp(since)))
+        # SQLite hands the JSON column back as text, PostgreSQL as a decoded object.
+        details = [json.loads(d or "{}") if isinstance(d, str | None) else d for (d,) in rows]
+        return Counter(str(d.get("reason", ""))[:160] for d in details)
 
     def wait_healthy(self, app: str, count: int, *, timeout: float, since: float | None = None,
                      interval: float = 0.1) -> float:
@@ -311,7 +329,13 @@ class Stack:
             proc.stop()
 
 
-def start_stack(name: str, *, gateway_cmd: Sequence[str] = (RELAY, "gateway"), **overrides: str) -> Stack:
+def pg_dsn(url: str) -> str:
+    """A SQLAlchemy PostgreSQL URL (``postgresql+psycopg://...``, as ``RELAY_DATABASE_URL`` takes) as libpq's."""
+    return "postgresql://" + url.split("://", 1)[1]
+
+
+def start_stack(name: str, *, gateway_cmd: Sequence[str] = (RELAY, "gateway"), temporal_args: Sequence[str] = (),
+                **overrides: str) -> Stack:
     data_dir = BENCH_DIR / name
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
@@ -332,11 +356,11 @@ def start_stack(name: str, *, gateway_cmd: Sequence[str] = (RELAY, "gateway"), *
         "RELAY_ALERT_INTERVAL_SECS": "86400",  # no alert round in a measurement window either
     })
     env.update(overrides)
-    temporal = Proc("temporal", temporal_command(data_dir, temporal_port), env=env, logdir=data_dir)
+    temporal = Proc("temporal", [*temporal_command(data_dir, temporal_port), *temporal_args], env=env, logdir=data_dir)
     procs = [temporal]
     try:
         wait_temporal(env["RELAY_TEMPORAL_ADDRESS"])
-        key = subprocess.run([RELAY, "keys", "create", "--org", ORG, "--name", "bench"], env=env, cwd=ROOT,
+        key = subprocess.run([RELAY, "keys", "create", "--init", "--org", ORG, "--name", "bench"], env=env, cwd=ROOT,
                              check=True, capture_output=True, text=True).stdout.strip()
         worker = Proc("worker", [RELAY, "worker"], env=env, logdir=data_dir)
         procs.append(worker)

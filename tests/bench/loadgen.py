@@ -9,10 +9,14 @@ recover another executor: ``recovery`` → success, ``exist_pending_workflows`` 
 Driven by the bench over stdin/stdout, one JSON object per line each way. Commands (executors are named
 ``{prefix}{i}`` for ``i`` in ``range(start, start + count)``):
 
-- ``connect``   url, prefix, start, count, version, concurrency, timeout: connect (retrying every second,
-                as the SDKs do) until each has answered ``executor_info``
+- ``connect``   url (or urls: spread over them round-robin, as a load balancer would), prefix, start, count,
+                version, concurrency, timeout: connect (retrying every second, as the SDKs do) until each has
+                answered ``executor_info``. With ``reconnect``, an executor whose socket the server closes or
+                drops reconnects a second later, as the SDKs do, until it is back: to its own URL first, then to
+                any of it and ``fallback_urls`` (other gateways behind the same address), at random
 - ``close``     prefix, start, count, mode ("close": a close frame; "abort": the TCP connection dropped),
-                spread (seconds to spread the closes over; 0: all at once): each one's wall-clock close time
+                spread (seconds to spread the closes over; 0: all at once): each one's wall-clock close time;
+                an executor closed so does not reconnect
 - ``ping``      prefix, start, count, rate, duration: WebSocket pings round-robin at ``rate`` frames/s,
                 started in the background (so the bench can read CPU counters around the window)
 - ``ping_result`` waits for the pinging to end: frames sent, pongs received
@@ -25,9 +29,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import random
 import sys
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 from websockets.client import ClientProtocol
@@ -42,11 +48,22 @@ class HandshakeRefused(Exception):
     pass
 
 
+@dataclass
+class Redial:
+    """Where an executor reconnects after its socket was closed or dropped under it."""
+
+    uri: WebSocketURI
+    fallbacks: list[WebSocketURI]
+    version: str
+
+
 class Fleet:
     def __init__(self) -> None:
         self.clients: dict[str, FakeExecutor] = {}
         self.counters: Counter[str] = Counter()
         self.unexpected: list[tuple[str, int | None]] = []
+        self.redial: dict[str, Redial] = {}  # executors that reconnect (``connect`` with ``reconnect``)
+        self.redialing: set[asyncio.Task[None]] = set()
 
     def lost(self, client: FakeExecutor) -> None:
         if self.clients.get(client.executor_id) is client:
@@ -55,6 +72,34 @@ class Fleet:
                 self.counters["unexpected_closes"] += 1
                 if len(self.unexpected) < 20:
                     self.unexpected.append((client.executor_id, client.ws.close_code))
+                redial = self.redial.get(client.executor_id)
+                if redial is not None:
+                    task = asyncio.get_running_loop().create_task(self._redial(client.executor_id, redial))
+                    self.redialing.add(task)
+                    task.add_done_callback(self.redialing.discard)
+
+    async def _redial(self, executor_id: str, redial: Redial) -> None:
+        """Reconnect a second after the loss and every second after a failure, as the SDKs do; its own URL first,
+        then any at random."""
+        loop = asyncio.get_running_loop()
+        attempt = 0
+        while self.redial.get(executor_id) is redial and executor_id not in self.clients:
+            await asyncio.sleep(1.0)
+            uri = redial.uri if attempt == 0 else random.choice([redial.uri, *redial.fallbacks])
+            attempt += 1
+            client = FakeExecutor(self, uri, executor_id, redial.version)
+            try:
+                await loop.create_connection(lambda: client, uri.host, uri.port)  # noqa: B023
+                await asyncio.wait_for(asyncio.shield(client.handshake), 30)
+            except (OSError, HandshakeRefused, TimeoutError):
+                client.abort()
+                self.counters["redial_failures"] += 1
+                continue
+            if self.redial.get(executor_id) is not redial:  # closed on purpose meanwhile
+                client.abort()
+                return
+            self.clients[executor_id] = client
+            self.counters["redials"] += 1
 
 
 class FakeExecutor(asyncio.Protocol):
@@ -170,7 +215,8 @@ def _ids(args: dict[str, Any]) -> list[str]:
 
 async def connect(fleet: Fleet, args: dict[str, Any]) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
-    uri = parse_uri(args["url"])
+    uris = [parse_uri(url) for url in args.get("urls") or [args["url"]]]
+    fallbacks = [parse_uri(url) for url in args.get("fallback_urls", [])]
     ids = _ids(args)
     version = args.get("version", "v1")
     timeout = float(args.get("timeout", 120))
@@ -180,8 +226,11 @@ async def connect(fleet: Fleet, args: dict[str, Any]) -> dict[str, Any]:
     errors: Counter[str] = Counter()
     retries = 0
 
-    async def one(executor_id: str) -> bool:
+    async def one(n: int, executor_id: str) -> bool:
         nonlocal retries
+        uri = uris[n % len(uris)]
+        if args.get("reconnect"):
+            fleet.redial[executor_id] = Redial(uri, fallbacks, version)
         async with gate:
             began = loop.time()
             while True:
@@ -201,7 +250,7 @@ async def connect(fleet: Fleet, args: dict[str, Any]) -> dict[str, Any]:
                     await asyncio.sleep(1.0)  # the SDKs retry a refused or failed connection every second
 
     t0 = time.time()
-    results = await asyncio.gather(*(one(i) for i in ids))
+    results = await asyncio.gather(*(one(n, i) for n, i in enumerate(ids)))
     t1 = time.time()
     return {"connected": sum(results), "failed": len(results) - sum(results), "retries": retries,
             "errors": dict(errors.most_common(5)), "t0": t0, "t1": t1,
@@ -220,6 +269,7 @@ async def close(fleet: Fleet, args: dict[str, Any]) -> dict[str, Any]:
     for n, executor_id in enumerate(ids):
         if step:
             await asyncio.sleep(max(0.0, start + n * step - loop.time()))
+        fleet.redial.pop(executor_id, None)
         client = fleet.clients.get(executor_id)
         if client is None:
             continue
@@ -258,7 +308,8 @@ async def ping(fleet: Fleet, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def stats(fleet: Fleet) -> dict[str, Any]:
-    return {"open": len(fleet.clients), **fleet.counters, "unexpected": fleet.unexpected}
+    return {"open": len(fleet.clients), "redialing": len(fleet.redialing), **fleet.counters,
+            "unexpected": fleet.unexpected}
 
 
 async def main() -> None:
