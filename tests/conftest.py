@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -23,6 +24,12 @@ from core.temporal import data_converter, venv_binary
 # example of a property test may take longer than Hypothesis's 200 ms without anything being wrong.
 settings.register_profile("relay", deadline=None)
 settings.load_profile("relay")
+
+# pytest-xdist's workers run with COLUMNS=80 and LINES=24 in their environment, which every process a test starts
+# inherits: the CLI would then lay its tables out for an 80-column terminal while its output goes to a pipe. A test
+# that wants a width sets COLUMNS itself.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
 
 # The time-skipping test server advertises no capabilities, so the SDK's Rust core warns, for every worker that
 # connects to it, that a Temporal Server 1.16.0 or newer is required to keep heartbeat details on failure.

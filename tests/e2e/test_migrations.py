@@ -12,8 +12,8 @@ from sqlalchemy import create_engine, text
 from sqlmodel import Session, SQLModel, select
 
 from core import migrations
-from core.models import Application, make_engine
-from core.settings import DatabasePool
+from core.models import Application, make_engine, open_engine
+from core.settings import DatabasePool, Settings
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.unit.test_migrations import (
     check_filled,
@@ -112,7 +112,7 @@ def test_pool_size_and_statement_timeout_settings(cluster: PostgresCluster) -> N
 def test_settings_from_the_environment(cluster: PostgresCluster, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RELAY_DATABASE_POOL_SIZE", "3")
     monkeypatch.setenv("RELAY_DATABASE_STATEMENT_TIMEOUT_SECS", "20")
-    engine = make_engine(cluster.create_database("env"))
+    engine = open_engine(Settings(database_url=cluster.create_database("env")))  # as every process opens it
     assert engine.pool.size() == 3  # type: ignore[attr-defined]
     with engine.connect() as conn:
         assert conn.execute(text("SHOW statement_timeout")).scalar() == "20s"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from core.temporal import connect
 from tests.support import Relay, play_executor, wait_until
@@ -48,5 +49,8 @@ def test_metrics_count_executors_of_the_callers_org_only(relay: Relay) -> None:
         with play_executor(relay, app, "metered-1"):
             wait_until(lambda: relay.executors(app).get("metered-1") == "HEALTHY", timeout=10, what="HEALTHY")
             text = api.get("/metrics").text
-    assert f'relay_executors{{org="local",app="{app}",status="HEALTHY"}} 1' in text
+    counts = {(sample.labels["org"], sample.labels["app"], sample.labels["status"]): sample.value
+              for family in text_string_to_metric_families(text) if family.name == "relay_executors"
+              for sample in family.samples}
+    assert counts[("local", app, "HEALTHY")] == 1
     assert "relay_gateway_connections" in text and 'org="fuzz"' not in text

@@ -256,3 +256,14 @@ def test_build_context_leaves_out_what_the_image_does_not_need(pyproject: dict[s
     for path in needed:
         assert (ROOT / path).exists(), path
         assert not ignored(patterns, path), f"{path} is needed to build Relay's wheel, but .dockerignore leaves it out"
+
+
+def test_every_package_of_the_tree_is_installed() -> None:
+    """The wheel (and the image's venv) carries the packages ``pyproject.toml`` lists, no others: a package added to
+    the tree (``core/store/``, ``api/conductor/``) and not listed there is missing from every install but the
+    editable one, and the image's processes fail on their first import of it."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    in_tree = {".".join(p.parent.relative_to(ROOT).parts)
+               for top in ("activities", "api", "cli", "core", "gateway", "workflows")
+               for p in (ROOT / top).rglob("__init__.py")}
+    assert in_tree <= listed, sorted(in_tree - listed)
