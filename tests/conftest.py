@@ -8,6 +8,7 @@ import contextlib
 import inspect
 import logging
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from datetime import timedelta
 from typing import Any
@@ -30,6 +31,10 @@ settings.load_profile("relay")
 # that wants a width sets COLUMNS itself.
 os.environ.pop("COLUMNS", None)
 os.environ.pop("LINES", None)
+# A test run started in the background by a shell (`make test &`) inherits SIGINT ignored, and so would every
+# process it starts: `relay audit --follow` and `relay dev` could then not be stopped with Ctrl-C, as tests stop them.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # The time-skipping test server advertises no capabilities, so the SDK's Rust core warns, for every worker that
 # connects to it, that a Temporal Server 1.16.0 or newer is required to keep heartbeat details on failure.
