@@ -181,16 +181,22 @@ def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> 
     return Relay(process, url, f"ws://127.0.0.1:{env['RELAY_PORT']}/", key, data_dir, env)
 
 
-@pytest.fixture(scope="session")
-def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    """One `relay dev` for the whole test session, on free ports and a temp data dir."""
-    data_dir = tmp_path_factory.mktemp("relay")
+@contextlib.contextmanager
+def running_relay(data_dir: Path) -> Iterator[Relay]:
+    """`relay dev` on free ports and ``data_dir`` for the block; stopped after it, and it must exit cleanly."""
     started = start_relay(data_dir, relay_env(data_dir))
     try:
         yield started
     finally:
         code = started.process.stop()
         assert code == 0, started.process.output()[-3000:]
+
+
+@pytest.fixture(scope="session")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    """One `relay dev` for the whole test session, on free ports and a temp data dir."""
+    with running_relay(tmp_path_factory.mktemp("relay")) as started:
+        yield started
 
 
 def healthy(url: str) -> bool:

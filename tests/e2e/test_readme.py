@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support import VENV_BIN, Process, Relay, relay_env, start_relay, wait_until
+from tests.support import VENV_BIN, Process, Relay, running_relay, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
@@ -85,12 +85,8 @@ def test_the_readme_blocks_are_found() -> None:
 
 @pytest.fixture(scope="module")
 def readme_relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay-readme")
-    relay = start_relay(data_dir, relay_env(data_dir))
-    try:
+    with running_relay(tmp_path_factory.mktemp("relay-readme")) as relay:
         yield relay
-    finally:
-        assert relay.process.stop() == 0, relay.process.output()[-3000:]
 
 
 class Shell:
