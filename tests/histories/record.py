@@ -34,7 +34,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 from core.temporal import data_converter, venv_binary
 from tests.histories.scenarios import SCENARIOS, Lifecycle, Scenario, ScenarioError, check, gateway_watch
 from tests.lifecycle_fakes import FakeRelay, Relay
-from workflows import lifecycle
+from workflows import lifecycle_base
 from workflows.contracts.common import SEARCH_ATTRIBUTES
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
@@ -58,12 +58,12 @@ async def start_env() -> WorkflowEnvironment:
 @contextlib.contextmanager
 def _signal_budget(budget: int | None) -> Iterator[None]:
     """Lower the module constant; only an unsandboxed worker sees it (the sandbox re-imports the module)."""
-    saved = lifecycle.SIGNAL_BUDGET
-    lifecycle.SIGNAL_BUDGET = budget or saved
+    saved = lifecycle_base.SIGNAL_BUDGET
+    lifecycle_base.SIGNAL_BUDGET = budget or saved
     try:
         yield
     finally:
-        lifecycle.SIGNAL_BUDGET = saved
+        lifecycle_base.SIGNAL_BUDGET = saved
 
 
 @contextlib.asynccontextmanager

@@ -51,7 +51,8 @@ from workflows.contracts.lifecycle import (
 )
 from workflows.contracts.orphans import OrphanInfo
 from workflows.gateway_watch import GatewayWorkflow
-from workflows.lifecycle import BLOCKED_RECHECK, ExecutorLifecycleWorkflow
+from workflows.lifecycle import ExecutorLifecycleWorkflow
+from workflows.recovery import BLOCKED_RECHECK
 
 LOWERED_SIGNAL_BUDGET = 3
 

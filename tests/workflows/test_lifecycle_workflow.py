@@ -35,7 +35,7 @@ from tests.lifecycle_fakes import (
     keyed,
 )
 from worker import workflow_runner
-from workflows import lifecycle
+from workflows import lifecycle_base
 from workflows.contracts.common import Candidate, DisconnectedSignal, ExecutorStatus
 from workflows.contracts.lifecycle import (
     ExistPendingReply,
@@ -46,7 +46,8 @@ from workflows.contracts.lifecycle import (
     RecoveryReply,
     SelectCandidateInput,
 )
-from workflows.lifecycle import BLOCKED_RECHECK, ExecutorLifecycleWorkflow
+from workflows.lifecycle import ExecutorLifecycleWorkflow
+from workflows.recovery import BLOCKED_RECHECK
 from workflows.timing import BACKOFF_INITIAL
 
 
@@ -399,7 +400,7 @@ async def test_retried_signal_in_the_first_task_of_a_continued_run_is_deduplicat
 async def test_continue_as_new_after_the_signal_budget_keeps_state_and_dedup_keys(
     relay: Relay, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lifecycle, "SIGNAL_BUDGET", 3)  # reaches the workflow: this test runs it unsandboxed
+    monkeypatch.setattr(lifecycle_base, "SIGNAL_BUDGET", 3)  # reaches the workflow: this test runs it unsandboxed
     await relay.connect("c1", signal_id="s1")
     await relay.wait_statuses(HEALTHY)
     first_run = (await relay.latest.describe()).run_id

@@ -3,7 +3,9 @@
 A history that no longer replays means the code would break workflows running in production (Temporal replays
 their history on the new code): guard the change with ``workflow.patched`` instead (README, "Changing a
 workflow"). The mutant tests prove the check has teeth: copies of the workflow modules with an activity call
-moved, dropped or a timer added must each fail to replay.
+moved, dropped or a timer added must each fail to replay. The lifecycle workflow is one class in three modules
+(``lifecycle_base``, ``recovery``, ``lifecycle``): each mutant changes one of them, and the copies import each
+other, so a mutation reaches the workflow wherever its code lives.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from core.temporal import data_converter
 from tests.histories.record import record, start_env
 from tests.histories.scenarios import SCENARIOS
 from worker import workflow_runner
-from workflows import gateway_watch, lifecycle
+from workflows import gateway_watch, lifecycle, lifecycle_base, recovery
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.retention import RetentionWorkflow
@@ -51,13 +53,13 @@ def _signal_budget(path: Path) -> int | None:
 
 
 async def _replay(path: Path, workflows: list[type], monkeypatch: pytest.MonkeyPatch,
-                  lifecycle_module: ModuleType = lifecycle, *, sandboxed: bool = True) -> Exception | None:
+                  budget_module: ModuleType = lifecycle_base, *, sandboxed: bool = True) -> Exception | None:
     """Replay one fixture; the failure, or None. A history recorded with a lowered ``SIGNAL_BUDGET`` (named in
     its file) replays with the same budget, which only reaches the workflow outside the sandbox."""
     budget = _signal_budget(path)
     with monkeypatch.context() as patch:  # undone after this replay, not at the end of the test
         if budget is not None:
-            patch.setattr(lifecycle_module, "SIGNAL_BUDGET", budget)
+            patch.setattr(budget_module, "SIGNAL_BUDGET", budget)
             sandboxed = False
         replayer = Replayer(
             workflows=workflows,
@@ -139,20 +141,36 @@ def unchanged(tree: ast.Module) -> None:
     """The control: a copy loaded the same way, not mutated, must replay every fixture."""
 
 
-def _load_copy(module: ModuleType, mutate: Mutation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """A mutated copy of ``module`` loaded from a temp file under another name; the real file is never touched."""
-    assert module.__file__ is not None
-    tree = ast.parse(Path(module.__file__).read_text())
-    mutate(tree)
-    name = f"replay_mutant_{module.__name__.replace('.', '_')}_{mutate.__name__}"
-    path = tmp_path / f"{name}.py"
-    path.write_text(ast.unparse(ast.fix_missing_locations(tree)))
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    copy = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, name, copy)  # dataclass and type-hint resolution look the module up
-    spec.loader.exec_module(copy)
-    return copy
+# The lifecycle workflow's modules in import order: each imports only those before it.
+LIFECYCLE_MODULES = (lifecycle_base, recovery, lifecycle)
+
+
+def _load_copies(modules: tuple[ModuleType, ...], target: ModuleType, mutate: Mutation, tmp_path: Path,
+                 monkeypatch: pytest.MonkeyPatch) -> list[ModuleType]:
+    """Copies of ``modules`` (in import order), ``target``'s mutated, loaded from temp files under other names, each
+    importing the copies before it instead of the originals; the real files are never touched."""
+    assert target in modules
+    renamed: dict[str, str] = {}
+    copies = []
+    for module in modules:
+        assert module.__file__ is not None
+        tree = ast.parse(Path(module.__file__).read_text())
+        if module is target:
+            mutate(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in renamed:
+                node.module = renamed[node.module]
+        name = f"replay_mutant_{module.__name__.replace('.', '_')}_{mutate.__name__}"
+        path = tmp_path / f"{name}.py"
+        path.write_text(ast.unparse(ast.fix_missing_locations(tree)))
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None
+        copy = importlib.util.module_from_spec(spec)
+        monkeypatch.setitem(sys.modules, name, copy)  # dataclass and type-hint resolution look the module up
+        spec.loader.exec_module(copy)
+        renamed[module.__name__] = name
+        copies.append(copy)
+    return copies
 
 
 def _incompatible(failure: Exception | None) -> bool:
@@ -181,27 +199,33 @@ LIFECYCLE_FIXTURES = [p for p in FIXTURES if _recorded_type(p) == "ExecutorLifec
 GATEWAY_FIXTURES = [p for p in FIXTURES if _recorded_type(p) == "GatewayWorkflow"]
 
 
-@pytest.mark.parametrize("mutate", [swap_two_activity_calls, drop_an_activity_call, timer_first, unchanged],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize(("mutate", "target"), [
+    (swap_two_activity_calls, recovery),  # the success audit and the delete
+    (drop_an_activity_call, recovery),
+    (drop_an_activity_call, lifecycle),  # the removal's delete
+    (drop_an_activity_call, lifecycle_base),  # the audit write
+    (timer_first, lifecycle),
+    (unchanged, lifecycle),
+], ids=lambda m: m.__name__)
 async def test_a_changed_lifecycle_workflow_fails_replay(
-    mutate: Mutation, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    mutate: Mutation, target: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copy = _load_copy(lifecycle, mutate, tmp_path, monkeypatch)
+    base, *_, copy = _load_copies(LIFECYCLE_MODULES, target, mutate, tmp_path, monkeypatch)
     workflows = [copy.ExecutorLifecycleWorkflow, GatewayWorkflow]
     # Unsandboxed: the sandbox would re-import the copy by name from a path it cannot see.
-    failures = {p.name: await _replay(p, workflows, monkeypatch, copy, sandboxed=False) for p in LIFECYCLE_FIXTURES}
+    failures = {p.name: await _replay(p, workflows, monkeypatch, base, sandboxed=False) for p in LIFECYCLE_FIXTURES}
     caught = {name for name, failure in failures.items() if failure is not None}
     if mutate is unchanged:
         assert not caught, failures
         return
     assert caught, f"{mutate.__name__}: every fixture still replays, so replay tests could never fail"
     assert all(_incompatible(failures[name]) for name in caught), failures
-    if mutate is not drop_an_activity_call:  # that one touches only the removal paths
+    if mutate is not drop_an_activity_call:  # that one may touch only the removal paths
         assert "happy-recovery.json" in caught
 
 
 async def test_a_changed_gateway_workflow_fails_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    copy = _load_copy(gateway_watch, timer_first, tmp_path, monkeypatch)
+    [copy] = _load_copies((gateway_watch,), gateway_watch, timer_first, tmp_path, monkeypatch)
     for path in GATEWAY_FIXTURES:
         failure = await _replay(path, [ExecutorLifecycleWorkflow, copy.GatewayWorkflow], monkeypatch,
                                 sandboxed=False)
@@ -227,7 +251,7 @@ async def test_a_new_run_asks_for_one_patch_only() -> None:
     versions = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
                 and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes
                 .search_attributes.indexed_fields]
-    assert len(patches) == 1 and lifecycle.GENERATION_1_PATCH.encode() in patches[0].payloads[0].data
+    assert len(patches) == 1 and lifecycle_base.GENERATION_1_PATCH.encode() in patches[0].payloads[0].data
     assert len(versions) == 1
     timer = next(n for n, e in enumerate(history.events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
     assert not [e for e in history.events[timer:] if e.event_type in (

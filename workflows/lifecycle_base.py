@@ -1,0 +1,240 @@
+"""What every step of the executor lifecycle workflow shares: the run's state, the registry and audit writes, the
+patches the workflow's history depends on, and the checks for a removal and a long history.
+
+``ExecutorLifecycleWorkflow`` (``workflows/lifecycle.py``) is built on ``RecoverySteps`` (``workflows/recovery.py``),
+built on ``LifecycleBase`` here: one workflow class, its methods in three modules by concern.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import timedelta
+from typing import TypeVar
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError, FailureError
+
+from workflows.timing import DB_ACTIVITY_TIMEOUT
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts.alerts import OwnAlertEvent, start_own_alert
+    from workflows.contracts.common import (
+        RELAY_EXECUTOR_STATUS,
+        RELAY_ORG,
+        ConnectedSignal,
+        ExecutorInfo,
+        ExecutorStatus,
+    )
+    from workflows.contracts.lifecycle import (
+        LifecycleInput,
+        LifecycleState,
+        RecordStatusInput,
+        RemovedSignal,
+        WriteAuditInput,
+        record_status,
+        write_audit,
+    )
+
+A = TypeVar("A")
+T = TypeVar("T")
+
+
+class Removed(Exception):
+    """Raised inside the run when a ``removed`` signal ends the workflow's business."""
+
+
+# Continue-as-new after this many signals even if the server has not suggested it yet.
+SIGNAL_BUDGET = 1000
+# From this patch on, database activities run as local activities: in the worker running the workflow, one trip
+# to the database and no round trip through a task queue, so recording HEALTHY costs one workflow task instead
+# of three server round trips (the connect-storm benchmark, P3). Histories recorded before it replay unchanged.
+LOCAL_DB_PATCH = "local-db-activities"
+# Database activities retry without limit (every write lands once by its event key, so a retry never doubles a
+# row), at most this far apart: with Temporal's default (doubling up to 100 s) a 60 s database outage could leave
+# a workflow idle for another minute after the database came back. Only the interval is set here: it is not
+# part of the history, so histories replay unchanged.
+DB_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5))
+# From this patch on, nothing is declared DEAD, nor recovered, while the gateway that last held the executor
+# still holds a live socket for it: that gateway is asked (the fence's probe, on its own task queue) before DEAD
+# and again before every recovery request. A missed heartbeat or a late timer means "no news": Temporal itself
+# may have been away. Only a gateway that does not pick the probe up in time counts as gone.
+FENCE_PATCH = "fence-probe"
+# From this patch on, a recovery's first request waits for the app's recovery gate (``core.gate``: an operator's
+# pause, the recovery-storm breaker's pacing), asked through a local activity; told to wait, the workflow waits on
+# a timer (durable, shown in the UI) and asks again. The gate holds its state in the database, so the workflows of
+# many dead executors are paced together.
+GATE_PATCH = "recovery-gate"
+# From this patch on, the fence looks again right before a recovery request: a `connected` from a newer connection
+# that lands while the workflow waits on anything (a probe, the gate, a backoff, a candidate's answer, an audit
+# write) calls the recovery off. The request is scheduled in the same workflow task as that last look, and the
+# `executor.recovery.dispatched` row is written while it is out; a probe's "gone" no longer hides a `connected`
+# that landed while it was waited for, nor overwrites it.
+REVIVAL_PATCH = "look-again-before-request"
+# From this patch on, a gateway known gone (``core.gateways``: its watch found it gone, it retired, or a successor
+# started under its identity) is not probed: it holds no socket, and the probe could only time out.
+KNOWN_GONE_PATCH = "known-gone-gateways"
+# From this patch on, a run asks ``workflow.patched`` once, for this, instead of once for each of the patches above
+# (``PATCHES_IN_GENERATION_1``): each first call in a new run writes a marker and upserts ``TemporalChangeVersion``
+# (a visibility write), four of each between the grace's end and DEAD, for an answer that is always "patched" in a
+# new run. A run with this marker has them all; one without (started before it) asks for each as it did, so its
+# history replays unchanged. A later patch is asked for itself until a next generation lists it.
+GENERATION_1_PATCH = "lifecycle-generation-1"
+PATCHES_IN_GENERATION_1 = frozenset({LOCAL_DB_PATCH, FENCE_PATCH, GATE_PATCH, REVIVAL_PATCH, KNOWN_GONE_PATCH})
+# From this patch on, Relay's own alerts about a recovery go out as they happen: right after the
+# `executor.recovery.blocked` row (once per blocked stretch, across continue-as-new), the workflow starts its
+# delivery (``start_own_alert``); when the recovery goes ahead (or is called off, the executor back), it writes
+# `executor.recovery.unblocked` and starts that alert too (RecoveryUnblocked); and when its admission at the gate
+# tripped the storm breaker (the gate wrote that row), the RecoveryBreaker alert. Asked only on those paths: not in
+# generation 1.
+OWN_ALERTS_PATCH = "own-alerts-at-once"
+# Starting an alert's delivery is a local activity calling the client's start_workflow, not a child workflow: one
+# marker in this history instead of the child's initiated/started/completed events, which would also wake this
+# long-lived workflow when the delivery ends; and the start's id conflict ("already started": delivered) is the
+# same one the other writers and the alerts round meet. It is tried a few times only: a recovery never waits on
+# an alert, and the alerts round starts any delivery nobody started.
+OWN_ALERT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5),
+                              maximum_attempts=3)
+
+
+class LifecycleBase:
+    """The state one run holds (set by the workflow's ``__init__``) and the helpers every step uses."""
+
+    _input: LifecycleInput
+    _state: LifecycleState
+    _signals_this_run: int
+    _removed: RemovedSignal | None
+    _peer_hint: bool
+    _generation_1: bool
+
+    def _check_removed(self) -> None:
+        if self._removed is not None:
+            raise Removed()
+
+    async def _unless_removed(self, work: Awaitable[T]) -> T:
+        """Await ``work``, abandoning it (cancelled) if a ``removed`` signal comes first."""
+        task = asyncio.ensure_future(work)
+        removal = asyncio.ensure_future(workflow.wait_condition(lambda: self._removed is not None))
+        await workflow.wait([task, removal], return_when=asyncio.FIRST_COMPLETED)
+        if task.done():
+            removal.cancel()
+            return task.result()
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" noise
+        raise Removed()
+
+    def _should_continue_as_new(self) -> bool:
+        return workflow.info().is_continue_as_new_suggested() or self._signals_this_run >= SIGNAL_BUDGET
+
+    def _next_input(self, state: LifecycleState) -> LifecycleInput:
+        i = self._input
+        return LifecycleInput(i.org, i.app, i.executor_id, state=state, recovery_timeout=i.recovery_timeout,
+                              probe_timeout=i.probe_timeout)
+
+    async def _continue_as_new_if_long(self) -> None:
+        """A long wait for a peer must not grow history without bound: the next run resumes recovery."""
+        if self._should_continue_as_new():
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            workflow.continue_as_new(self._next_input(self._state))
+
+    def _version(self) -> str:
+        return self._state.app_version
+
+    async def _record(self, status: ExecutorStatus, operation: str, *, conn: ConnectedSignal | None = None,
+                      details: dict[str, object], durations: dict[str, timedelta] | None = None,
+                      info: ExecutorInfo | None = None) -> None:
+        i = self._input
+        if self._state.orphan:
+            details = {**details, "orphan": True}
+        await self._db(
+            record_status,
+            RecordStatusInput(
+                i.org, i.app, i.executor_id, status, operation, event_key=self._event_key(operation),
+                info=conn.info if conn else info,
+                connection_id=conn.connection_id if conn else None,
+                gateway_queue=conn.gateway_queue if conn else None,
+                details=dict(details),
+                durations=dict(durations or {}),
+                connected_at=conn.at if conn else None,
+                grace_deadline=self._state.grace_deadline if status == ExecutorStatus.DEAD else None,
+                disconnected_at=self._state.disconnected_at if status == ExecutorStatus.DISCONNECTED else None,
+            ),
+        )
+        self._state.status = status
+        self._state.revived = False
+        self._state.gate_ticket = ""  # a death after this one asks the gate anew
+        self._describe("")
+        if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
+            # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
+            workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status.value)])
+
+    async def _audit(self, operation: str, status: str, details: dict[str, object], *,
+                     durations: dict[str, timedelta] | None = None) -> str:
+        """Write an audit row; its event key."""
+        i = self._input
+        if self._state.orphan:
+            details = {**details, "orphan": True}
+        key = self._event_key(operation)
+        await self._db(
+            write_audit,
+            WriteAuditInput(i.org, i.app, i.executor_id, operation, key, status, dict(details),
+                            dict(durations or {})),
+        )
+        return key
+
+    async def _unblocked(self, outcome: str, *, candidate: str | None = None) -> None:
+        """The end of a blocked stretch whose RecoveryBlocked alert went out (``blocked_since``, set only since
+        ``OWN_ALERTS_PATCH``): audited, and its RecoveryUnblocked alert started. Nothing otherwise."""
+        since = self._state.blocked_since
+        if since is None or not self._patched(OWN_ALERTS_PATCH):
+            return
+        self._state.blocked_since = None
+        details: dict[str, object] = {"reason": outcome, "blocked_since": since.isoformat()}
+        if candidate is not None:
+            details["candidate"] = candidate
+        blocked_for = {"blockedSecs": workflow.now() - since}
+        key = await self._audit("executor.recovery.unblocked", "success", details, durations=blocked_for)
+        await self._own_alert("executor.recovery.unblocked", key, details)
+
+    async def _own_alert(self, operation: str, event_key: str, details: dict[str, object]) -> None:
+        """Start the delivery of the alert of the audit row just written (``event_key``): ``OWN_ALERT_RETRY``."""
+        i = self._input
+        event = OwnAlertEvent(i.org, i.app, operation, event_key, workflow.now(), i.executor_id, dict(details))
+        try:
+            await workflow.execute_local_activity(start_own_alert, event, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                                  retry_policy=OWN_ALERT_RETRY)
+        except FailureError as err:
+            # A local activity's failure comes as its own error (an ApplicationError, a TimeoutError), not wrapped
+            # in an ActivityError as a remote activity's is.
+            cause = err.cause if isinstance(err, ActivityError) else err
+            if isinstance(cause, CancelledError):
+                raise  # the workflow is being cancelled (removed): not an alert that failed to start
+            workflow.logger.warning("%s alert not started (the alerts round starts it): %s", operation, cause)
+
+    async def _db(self, activity: Callable[[A], Awaitable[T]], arg: A) -> T:
+        """A database activity (registry, audit, candidate selection): local since ``LOCAL_DB_PATCH``."""
+        if self._patched(LOCAL_DB_PATCH):
+            return await workflow.execute_local_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                                         retry_policy=DB_RETRY)
+        return await workflow.execute_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                               retry_policy=DB_RETRY)
+
+    def _patched(self, patch_id: str) -> bool:
+        """``workflow.patched``, unless the run's generation already says (``GENERATION_1_PATCH``)."""
+        return (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id)
+
+    def _describe(self, note: str) -> None:
+        """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""
+        state = self._state
+        lines = [f"**{state.status}** — executor `{self._input.executor_id}` of "
+                 f"`{self._input.org}/{self._input.app}`, version `{state.app_version}`"]
+        if state.status == ExecutorStatus.DISCONNECTED and state.grace_deadline is not None:
+            lines.append(f"grace ends {state.grace_deadline.isoformat()}")
+        if note:
+            lines.append(note)
+        workflow.set_current_details("\n\n".join(lines))
+
+    def _event_key(self, operation: str) -> str:
+        # workflow.uuid4() is replay-safe, so a retried activity carries the same key and lands once.
+        return f"{workflow.info().workflow_id}/{operation}/{workflow.uuid4()}"

@@ -1,0 +1,343 @@
+"""The recovery of a DEAD executor, step by step as the README tells it, and the fence around it.
+
+The fence (``_confirm_gone`` before DEAD, ``_still_gone`` and ``_dispatch``'s last look before every request) asks
+the gateway that last held the executor, and calls recovery off when the executor is back. The recovery
+(``_recover``) waits for the gate (``_admitted``), a peer (``_peer``, ``_blocked``), then sends the request and
+confirms it (``_dispatch_and_confirm``, ``_attempt``) and deletes the dead executor's row (``_recovered``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, CancelledError
+from temporalio.workflow import ActivityHandle
+
+from workflows import fence, timing
+from workflows.lifecycle_base import (
+    DB_RETRY,
+    FENCE_PATCH,
+    GATE_PATCH,
+    KNOWN_GONE_PATCH,
+    OWN_ALERTS_PATCH,
+    REVIVAL_PATCH,
+    LifecycleBase,
+)
+from workflows.timing import (
+    BACKOFF_INITIAL,
+    DB_ACTIVITY_TIMEOUT,
+    SOCKET_HEARTBEAT_TIMEOUT,
+    SOCKET_SCHEDULE_TO_START,
+)
+
+with workflow.unsafe.imports_passed_through():
+    from workflows.contracts.common import Candidate
+    from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply, admit_recovery
+    from workflows.contracts.gateway_watch import GatewayGoneInput, ProbeGatewayInput, ProbeGatewayReply, gateway_gone
+    from workflows.contracts.lifecycle import (
+        DeleteExecutorInput,
+        DispatchRecoveryInput,
+        ExistPendingInput,
+        LifecycleResult,
+        LifecycleState,
+        RecoveryReply,
+        SelectCandidateInput,
+        delete_executor,
+        dispatch_recovery,
+        exist_pending_workflows,
+        select_candidate,
+    )
+
+
+
+@dataclass
+class _Recovery:
+    """One run's progress through a recovery (``_recover``): what its steps read and update."""
+
+    version: str
+    admitted: bool  # the gate let it through (or the run predates the gate)
+    revival: bool = False  # the last look before a request sees any `connected` (``REVIVAL_PATCH``)
+    backoff: timedelta = BACKOFF_INITIAL
+    failed: list[str] = field(default_factory=list)  # peers whose attempt failed, tried again once all have
+    attempt: int = 0
+    blocked: bool = False  # no peer: the blocked row is written once per stretch
+    details: dict[str, object] = field(default_factory=dict)  # the current attempt's, for its audit rows
+
+# With no peer of the right version, look again this often at most; a peer becoming HEALTHY wakes it at once.
+
+BLOCKED_RECHECK = timedelta(minutes=5)
+# Relay's own loop retries a recovery, on another peer; each socket-bound activity runs once.
+ONCE = RetryPolicy(maximum_attempts=1)
+# What ``_dispatch`` returns when the executor was back before the request went out.
+CALLED_OFF = "called off: the executor is back"
+
+
+class RecoverySteps(LifecycleBase):
+    """The fence and the recovery: the lifecycle workflow's steps from the grace's end to the deletion."""
+
+    async def _confirm_gone(self) -> bool:
+        """The fence, once the grace is over: True when the executor is gone; False when its gateway still holds
+        its socket (it is HEALTHY again) or owes it more grace (its gateway regained contact with Temporal late)."""
+        state = self._state
+        if self._back():
+            return False  # a `connected` came with the timer
+        reply = await self._probe()
+        if self._patched(REVIVAL_PATCH) and self._back():
+            return False  # a `connected` landed while the probe was out: newer than whatever the probe says
+        if reply is None:
+            return True
+        if reply.connection is not None:
+            await self._audit("executor.fenced", "success", {
+                "stage": "before DEAD", "gateway_queue": state.gateway_queue,
+                "connection_id": reply.connection.connection_id})
+            state.connection = reply.connection
+            return False
+        # Time Relay could not hear does not count: the grace runs from the later of the close and the moment the
+        # gateway regained contact with Temporal (its `disconnected` may have been held back until then).
+        regained = workflow.now() - reply.contact_for
+        if state.grace is not None and regained + state.grace > workflow.now():
+            state.grace_deadline = regained + state.grace
+            await self._audit("executor.grace.extended", "success", {
+                "gateway_queue": state.gateway_queue, "contact_regained_at": regained.isoformat(),
+                "grace_ends": state.grace_deadline.isoformat()}, durations={"executorTimeoutSecs": state.grace})
+            self._describe("")
+            return False
+        return True
+
+    async def _probe(self) -> ProbeGatewayReply | None:
+        """Ask the gateway that last held the executor about its socket; None when that gateway is gone (known gone,
+        or it did not pick the probe up within ``probe_timeout``) or was never known."""
+        i, queue = self._input, self._state.gateway_queue
+        if not queue:
+            return None
+        if self._patched(KNOWN_GONE_PATCH) and (await self._db(gateway_gone, GatewayGoneInput(queue))).gone:
+            return None
+        return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id), timeout=i.probe_timeout)
+
+    async def _still_gone(self) -> bool:
+        """Right before a recovery request goes out: False (and recovery called off) when the executor is back."""
+        state = self._state
+        revival = self._patched(REVIVAL_PATCH)
+        if not (self._back() if revival else state.connection is not None):
+            reply = await self._probe()
+            if not (revival and self._back()):  # a `connected` that landed meanwhile outranks the probe's answer
+                if reply is None or reply.connection is None:
+                    return True
+                state.connection = reply.connection
+        await self._call_off()
+        return False
+
+    async def _call_off(self) -> None:
+        """No request went out and the executor is back: recovery is called off; the run loop records it."""
+        state = self._state
+        back = state.connection or state.unrecorded
+        assert back is not None
+        await self._audit("executor.recovery.cancelled", "success", {
+            "reason": "the executor holds a live socket", "gateway_queue": back.gateway_queue,
+            "connection_id": back.connection_id})
+        state.revived = True
+
+    def _back(self) -> bool:
+        """A `connected` landed since the executor was last recorded gone (its connection may have closed again
+        before the run loop recorded it: ``unrecorded``). Either way the process is alive: no recovery for it."""
+        return self._state.connection is not None or self._state.unrecorded is not None
+
+    async def _recover_and_finish(self) -> LifecycleResult | None:
+        """Recover, then end; None when recovery was called off because the executor is alive after all."""
+        recovered = await self._unless_removed(self._recover())
+        if recovered is None:
+            await self._unblocked("recovery called off: the executor is back")
+            return None
+        candidate, attempts = recovered
+        result = LifecycleResult(status="RECOVERED", recovered_by=candidate.executor_id, attempts=attempts)
+        if self._state.connection is not None:
+            # It came back while it was being recovered: recovery cannot be taken back, so register it afresh.
+            await workflow.wait_condition(workflow.all_handlers_finished)
+            fresh = LifecycleState(
+                connection=self._state.connection, seen_signal_ids=self._state.seen_signal_ids
+            )
+            workflow.continue_as_new(self._next_input(fresh))
+        return result
+
+    async def _recover(self) -> tuple[Candidate, int] | None:
+        """Recover until a peer confirms it, never giving up while the app exists; None when called off before a
+        request went out (the executor holds a live socket after all). The README's story, step by step: the gate
+        admits (``_admitted``), a peer is found or waited for (``_peer``), the fence looks again (``_still_gone``),
+        the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries another."""
+        fenced = self._patched(FENCE_PATCH)
+        run = _Recovery(version=self._version(), admitted=not self._patched(GATE_PATCH))
+        run.revival = fenced and self._patched(REVIVAL_PATCH)
+        back = self._back if run.revival else lambda: fenced and self._state.connection is not None
+        while True:
+            await self._continue_as_new_if_long()
+            if back() and not await self._still_gone():
+                return None  # it came back before any request went out (a wait for a peer, or a backoff)
+            if not run.admitted:
+                run.admitted = await self._admitted(back)
+                continue  # after a wait: look again for continue-as-new and a revived executor
+            candidate = await self._peer(run, back)
+            if candidate is None:
+                continue  # after a wait for a peer, or a backoff: look again
+            if fenced and not await self._still_gone():
+                return None
+            error = await self._dispatch_and_confirm(candidate, run)
+            if error is CALLED_OFF:
+                return None
+            if error is None:
+                await self._recovered(candidate, run.details)
+                return candidate, run.attempt
+            await self._audit("executor.recovery.failed", "failure", {**run.details, "reason": error})
+            run.failed.append(candidate.executor_id)
+            run.backoff = await timing.backoff(run.backoff, f"after attempt {run.attempt}")
+
+    async def _peer(self, run: _Recovery, back: Callable[[], bool]) -> Candidate | None:
+        """A HEALTHY peer of the dead executor's version, claimed for this recovery; None after waiting for one (no
+        peer: blocked until one connects) or backing off (every peer failed once: all are tried again)."""
+        i = self._input
+        self._peer_hint = False
+        candidate = await self._db(
+            select_candidate,
+            SelectCandidateInput(i.org, i.app, run.version, exclude=[i.executor_id, *run.failed],
+                                 dead_executor_id=i.executor_id),
+        )
+        if candidate is not None:
+            run.blocked = False
+        elif run.failed:
+            run.failed.clear()
+            run.backoff = await timing.backoff(run.backoff, "every peer failed once")
+        else:
+            await self._blocked(run, back)
+        return candidate
+
+    async def _blocked(self, run: _Recovery, back: Callable[[], bool]) -> None:
+        """No peer of the version: alert once per blocked stretch (the workflow's details say so for as long as it
+        lasts), then wait for a peer to become HEALTHY (its ``peer_available``), the executor to come back, or the
+        recheck."""
+        if not run.blocked:
+            reason = f"no HEALTHY executor of version {run.version!r}"
+            key = await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
+            self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
+            run.blocked = True
+            if self._state.blocked_since is None and self._patched(OWN_ALERTS_PATCH):
+                self._state.blocked_since = workflow.now()
+                await self._own_alert("executor.recovery.blocked", key, {"reason": reason})
+        with contextlib.suppress(TimeoutError):
+            await workflow.wait_condition(lambda: self._peer_hint or back(), timeout=BLOCKED_RECHECK,
+                                          timeout_summary="waiting for a HEALTHY peer")
+
+    async def _dispatch_and_confirm(self, candidate: Candidate, run: _Recovery) -> str | None:
+        """One attempt via ``candidate``: the request, its answer and the confirmation. The failure reason, None on
+        success, or ``CALLED_OFF`` (the executor was back before the request went out)."""
+        await self._unblocked(f"a HEALTHY executor of version {run.version!r} is there: recovery goes ahead via "
+                              f"{candidate.executor_id}", candidate=candidate.executor_id)
+        run.attempt += 1
+        request_id = str(workflow.uuid4())
+        run.details = {"candidate": candidate.executor_id, "attempt": run.attempt, "request_id": request_id}
+        if candidate.cross_version:
+            run.details.update(cross_version=True, candidate_version=candidate.app_version,
+                               note="current SDKs recover only their own version's workflows; confirmation "
+                                    "may keep failing")
+        self._describe(f"recovery via `{candidate.executor_id}`, attempt {run.attempt}")
+        if run.revival:
+            return await self._dispatch(candidate, request_id, run.attempt, run.details)
+        await self._audit("executor.recovery.dispatched", "success", run.details)
+        return await self._attempt(candidate, run.attempt, self._request(candidate, request_id, run.attempt))
+
+    async def _recovered(self, candidate: Candidate, details: dict[str, object]) -> None:
+        """Confirmed: the audit row, then the dead executor's registry row deleted."""
+        i = self._input
+        await self._audit("executor.recovery.succeeded", "success", details)
+        await self._db(
+            delete_executor,
+            DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("deleted"),
+                                details={"recovered_by": candidate.executor_id}),
+        )
+
+    async def _dispatch(self, candidate: Candidate, request_id: str, attempt: int,
+                        details: dict[str, object]) -> str | None:
+        """The last look, then the request: the failure reason, None on success, or ``CALLED_OFF``.
+
+        Nothing is awaited between the look and scheduling the request, so a `connected` that lands before the
+        request is out is always seen (whatever came before: a probe, the gate, a candidate's answer). The
+        `dispatched` row is written while the request is out."""
+        if self._back():
+            await self._call_off()
+            return CALLED_OFF
+        request = self._request(candidate, request_id, attempt)
+        try:
+            await self._audit("executor.recovery.dispatched", "success", details)
+        except BaseException:
+            request.cancel()  # removed (or cancelled) meanwhile: the request goes with the workflow
+            raise
+        return await self._attempt(candidate, attempt, request)
+
+    async def _admitted(self, back: Callable[[], bool]) -> bool:
+        """Ask the recovery gate; True: go. Otherwise wait until it says to ask again (or the executor is back),
+        then False. A pause lifted early is seen at the next ask: the gate makes a paused recovery ask at least
+        every ``RELAY_RECOVERY_PAUSE_RECHECK_SECS``, so no signal is needed and none can be lost."""
+        i, state = self._input, self._state
+        if not state.gate_ticket:
+            state.gate_ticket = str(workflow.uuid4())
+        ask = AdmitRecoveryInput(i.org, i.app, i.executor_id, state.gate_ticket, now=workflow.now(),
+                                 event_key=f"{workflow.info().workflow_id}/gate/{state.gate_ticket}")
+        reply: AdmitRecoveryReply = await workflow.execute_local_activity(
+            admit_recovery, ask, start_to_close_timeout=DB_ACTIVITY_TIMEOUT, retry_policy=DB_RETRY)
+        if reply.tripped and self._patched(OWN_ALERTS_PATCH):  # this admission tripped the storm breaker
+            await self._own_alert("app.recovery.breaker_tripped", reply.tripped, dict(reply.storm))
+        if reply.go or reply.until is None:
+            return True
+        wait = reply.until - workflow.now()
+        self._describe(f"**recovery held** ({reply.reason}) until {reply.until.isoformat()}")
+        if wait > timedelta(0):
+            with contextlib.suppress(TimeoutError):
+                await workflow.wait_condition(back, timeout=wait, timeout_summary=f"recovery held: {reply.reason}")
+        return False
+
+    def _request(self, candidate: Candidate, request_id: str, attempt: int) -> ActivityHandle[RecoveryReply]:
+        """Schedule the ``recovery`` request through the candidate's gateway (in this workflow task)."""
+        i = self._input
+        return workflow.start_activity(
+            dispatch_recovery,
+            DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
+                                  org=i.org, app=i.app),
+            task_queue=candidate.gateway_queue, retry_policy=ONCE,
+            schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
+            heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
+            summary=f"recovery via {candidate.executor_id} attempt {attempt}",
+        )
+
+    def _socket_timeout(self) -> timedelta:
+        return self._input.recovery_timeout + timedelta(seconds=5)
+
+    async def _attempt(self, candidate: Candidate, attempt: int, request: ActivityHandle[RecoveryReply]
+                       ) -> str | None:
+        """One recovery attempt, its request already out: its answer, then the confirmation. Returns the failure
+        reason, or None."""
+        i = self._input
+        try:
+            reply = await request
+            if not reply.success:
+                return f"recovery answered success=false: {reply.error_message}"
+            confirm = await workflow.execute_activity(
+                exist_pending_workflows,
+                ExistPendingInput(candidate.executor_id, i.executor_id, self._version(),
+                                  request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app),
+                task_queue=candidate.gateway_queue, retry_policy=ONCE,
+                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
+                heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
+                summary=f"confirm recovery via {candidate.executor_id}",
+            )
+        except ActivityError as err:
+            if isinstance(err.cause, CancelledError):
+                raise  # the workflow is being cancelled, not the attempt failing: do not retry on another peer
+            return str(err.cause or err)
+        if confirm.error_message:
+            return f"exist_pending_workflows failed: {confirm.error_message}"
+        if confirm.exist:
+            return "pending workflows remain after recovery"
+        return None
