@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
+# Python caches what it compiles (and pytest the test modules it rewrites) even where the environment says not to:
+# every pytest process imports some 430 modules, and would compile them all again, seconds per process.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: run test test-sdk check lint openapi bench clean system-deps lock
 
@@ -80,11 +83,12 @@ test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(PY) -m pytest -q -s --sdk=$(SDK) $(SDK_TESTS)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
-# system packages, the tests spread over every core.
+# system packages, the tests spread over every core. The one-minute loop: property tests draw a fifth of their
+# examples (RELAY_TESTS=quick, tests/quick.py); `make test` runs the same tiers whole.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
-	$(PY) -m pytest -q -m "not e2e" -n auto tests/unit tests/workflows tests/api
+	RELAY_TESTS=quick $(PY) -m pytest -q -m "not e2e" -n auto tests/unit tests/workflows tests/api
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -20,10 +20,12 @@ from temporalio.testing import WorkflowEnvironment
 
 from core.logs import CORE_LOGGER
 from core.temporal import data_converter, venv_binary
+from tests.quick import examples
 
 # No per-example deadline: a test is not a benchmark, and on a loaded two-core machine (xdist, e2e processes) an
-# example of a property test may take longer than Hypothesis's 200 ms without anything being wrong.
-settings.register_profile("relay", deadline=None)
+# example of a property test may take longer than Hypothesis's 200 ms without anything being wrong. Hypothesis's
+# 100 examples, a fifth of them in `make check`'s quick run (tests/quick.py).
+settings.register_profile("relay", deadline=None, max_examples=examples(100))
 settings.load_profile("relay")
 
 # pytest-xdist's workers run with COLUMNS=80 and LINES=24 in their environment, which every process a test starts

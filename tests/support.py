@@ -23,6 +23,16 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 VENV_BIN = Path(sys.executable).parent
+# A test outside tests/e2e that starts a real process (`relay`, haproxy, several Pythons at once): it runs in
+# `make test`'s e2e tier (two at a time: it asserts no timing), not in `make check`, the one-minute loop.
+STARTS_PROCESSES = (pytest.mark.e2e, pytest.mark.concurrent)
+
+
+def starts_processes(test: Any) -> Any:
+    """Mark ``test`` as one that starts real processes (``STARTS_PROCESSES``)."""
+    for mark in STARTS_PROCESSES:
+        test = mark(test)
+    return test
 
 
 _handed_out: set[int] = set()

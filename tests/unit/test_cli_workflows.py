@@ -24,6 +24,7 @@ import pytest
 from cli import admin, common, workflows
 from cli.main import parser
 from core.settings import Settings
+from tests.support import starts_processes
 
 NOW = datetime(2026, 11, 30, 21, 43, 5, tzinfo=UTC)
 APP = "/apps/orders"
@@ -422,6 +423,7 @@ def unavailable() -> Iterator[str]:
         thread.join()
 
 
+@starts_processes
 def test_the_relay_process_prints_the_detail_on_stderr_and_exits_1(unavailable: str, tmp_path: Path) -> None:
     env = {**os.environ, "RELAY_API_KEY": "dbos_test", "RELAY_DATA_DIR": str(tmp_path / "relay")}
     done = subprocess.run([sys.executable, "-m", "cli.main", "workflows", "list", "--app", "orders", "--url",

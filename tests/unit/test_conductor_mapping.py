@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from api import conductor as c
 from core import units
+from tests.quick import examples
 
 # -- strategies ------------------------------------------------------------------------------------------------
 
@@ -101,7 +102,7 @@ def sdk_notification(n: c.Notification) -> dict[str, Any]:
 
 
 @given(workflows)
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 def test_workflow_round_trip(w: c.Workflow) -> None:
     assert workflow_of(c.SdkWorkflow.model_validate(sdk_workflow(w))) == w
 
@@ -308,7 +309,7 @@ def test_a_bulk_filter_must_narrow() -> None:
 
 
 @given(workflows)
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 def test_workflow_as_the_python_sdk_encodes_it(w: c.Workflow) -> None:
     """The SDK's own ``WorkflowsOutput.from_workflow_information`` and ``to_json``, then Relay's mapping."""
     from dbos._conductor import protocol as p

@@ -18,6 +18,7 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 from api.app import create_app
 from core import metrics
 from core.settings import Settings
+from tests.support import starts_processes
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
@@ -366,6 +367,7 @@ def test_haproxy_takes_a_draining_gateway_out_of_rotation_before_its_drain_ends(
     assert haproxy_duration(found.group(1)) * int(found.group(2)) < drain()
 
 
+@starts_processes
 def test_haproxy_accepts_the_configuration(tmp_path: Path) -> None:
     if not HAPROXY.exists():
         pytest.skip("Debian's haproxy is not installed (make test installs it)")

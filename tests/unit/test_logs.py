@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from core.logs import JsonLines, configure, install_redaction
-from tests.support import VENV_BIN
+from tests.support import VENV_BIN, starts_processes
 
 FAKE_KEY = "dbos_" + "k" * 24  # built, so no literal key sits in the source
 
@@ -68,6 +68,7 @@ def test_an_unknown_format_is_refused() -> None:
         configure(style="xml")
 
 
+@starts_processes
 def test_the_cli_says_what_is_wrong_with_the_format_without_a_traceback() -> None:
     done = subprocess.run([str(VENV_BIN / "relay"), "keys", "list"], env={"RELAY_LOG_FORMAT": "xml", "PATH": ""},
                           capture_output=True, text=True, timeout=60)

@@ -12,8 +12,10 @@ from pathlib import Path
 from sqlalchemy import create_engine
 
 from core import migrations
-from tests.support import VENV_BIN, relay_env
+from tests.support import STARTS_PROCESSES, VENV_BIN, relay_env
 from tests.unit.test_migrations import check_filled, legacy_create_all, revision, schema_differences
+
+pytestmark = list(STARTS_PROCESSES)
 
 
 def migrate(data_dir: Path) -> str:

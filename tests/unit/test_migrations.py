@@ -20,6 +20,7 @@ from sqlmodel import Session, SQLModel, select
 
 from core import migrations
 from core.models import ApiKey, Application, AuditLog, Executor, ManagementClaim, RecoveryClaim, make_engine
+from tests.support import starts_processes
 from workflows.contracts.common import ExecutorStatus
 
 ORG = "local"
@@ -227,6 +228,7 @@ def test_a_database_missing_a_later_table_is_completed(tmp_path: Path) -> None:
     engine.dispose()
 
 
+@starts_processes
 def test_processes_migrating_one_new_database_at_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
     results = open_at_once(url, 6)
@@ -245,6 +247,7 @@ def _migrate(url: str, ready: Any, go: Any) -> None:
     make_engine(url).dispose()
 
 
+@starts_processes
 def test_processes_adopting_one_legacy_database_at_once(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'relay.db'}"
     legacy_create_all(url)

@@ -21,7 +21,7 @@ from core.errors import SchemaVersionError
 from core.models import make_engine, open_engine
 from core.settings import Settings
 from core.store import Store
-from tests.support import VENV_BIN, Process, free_port, relay_env
+from tests.support import VENV_BIN, Process, free_port, relay_env, starts_processes
 from tests.unit.test_migrations import legacy_create_all, revision, schema_differences
 
 # This code's head, the revision before it (a database an older release left), and one only a newer Relay knows.
@@ -146,6 +146,7 @@ def _refused_at_start(command_name: str, data_dir: Path, **env: str) -> list[str
     return lines
 
 
+@starts_processes
 @pytest.mark.parametrize("command_name", ["gateway", "worker", "dev"])
 def test_a_process_on_an_older_database_without_migrate_on_start_exits_with_one_line(
     tmp_path: Path, command_name: str
@@ -159,6 +160,7 @@ def test_a_process_on_an_older_database_without_migrate_on_start_exits_with_one_
                              "run `relay migrate`"), lines
 
 
+@starts_processes
 @pytest.mark.parametrize("command_name", ["gateway", "worker"])
 def test_a_process_on_a_newer_database_exits_with_one_line(tmp_path: Path, command_name: str) -> None:
     data_dir = tmp_path / "relay"
@@ -177,6 +179,7 @@ def relay_migrate(data_dir: Path, *args: str, **env: str) -> subprocess.Complete
                           capture_output=True, text=True, timeout=60)
 
 
+@starts_processes
 def test_migrate_migrates_whatever_migrate_on_start_says(tmp_path: Path) -> None:
     at_revision(f"sqlite:///{tmp_path / 'relay.db'}", BEHIND)
     done = relay_migrate(tmp_path, RELAY_MIGRATE_ON_START="false")
@@ -184,6 +187,7 @@ def test_migrate_migrates_whatever_migrate_on_start_says(tmp_path: Path) -> None
     assert done.stdout.endswith(f": at revision {HEAD}\n")
 
 
+@starts_processes
 def test_migrate_refuses_a_newer_database_in_one_line(tmp_path: Path) -> None:
     ahead(f"sqlite:///{tmp_path / 'relay.db'}")
     for args in ((), ("--sql",)):
@@ -193,6 +197,7 @@ def test_migrate_refuses_a_newer_database_in_one_line(tmp_path: Path) -> None:
             f"relay: database schema is at {AHEAD}, newer than this Relay's {HEAD}"), done.stderr
 
 
+@starts_processes
 def test_migrate_sql_prints_the_whole_schema_for_a_new_database_and_creates_nothing(tmp_path: Path) -> None:
     data_dir = tmp_path / "not-yet"
     done = relay_migrate(data_dir, "--sql")
@@ -210,6 +215,7 @@ def test_migrate_sql_prints_the_whole_schema_for_a_new_database_and_creates_noth
         engine.dispose()
 
 
+@starts_processes
 def test_migrate_sql_starts_from_the_databases_revision_and_changes_nothing(tmp_path: Path) -> None:
     db = tmp_path / "relay.db"
     at_revision(f"sqlite:///{db}", BEHIND)
@@ -234,6 +240,7 @@ def test_migrate_sql_starts_from_the_databases_revision_and_changes_nothing(tmp_
     assert done.returncode == 0 and done.stdout == f"-- at revision {HEAD}: nothing to run\n", done
 
 
+@starts_processes
 def test_migrate_sql_refuses_a_database_from_before_migrations(tmp_path: Path) -> None:
     legacy_create_all(f"sqlite:///{tmp_path / 'relay.db'}")
     done = relay_migrate(tmp_path, "--sql")

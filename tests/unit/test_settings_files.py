@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from cli import common
 from core.settings import Settings
-from tests.support import VENV_BIN, relay_env
+from tests.support import VENV_BIN, relay_env, starts_processes
 
 SECRET = "dbos_s3cr3t-from-a-file-0123456789"
 PAIRS = [("RELAY_DATABASE_URL", "database_url"), ("RELAY_API_KEY", "api_key"),
@@ -91,6 +91,7 @@ def test_the_admin_cli_takes_its_key_from_the_file(tmp_path: Path, monkeypatch: 
     assert common.api_key(argparse.Namespace(api_key="dbos_flag"), Settings()) == "dbos_flag"  # the flag wins
 
 
+@starts_processes
 def test_relay_stops_with_one_line_naming_the_variables(tmp_path: Path) -> None:
     path = tmp_path / "url"
     path.write_text(f"sqlite:///{tmp_path / 'a.db'}\n")
@@ -101,6 +102,7 @@ def test_relay_stops_with_one_line_naming_the_variables(tmp_path: Path) -> None:
         assert done.stderr == ("relay: RELAY_DATABASE_URL and RELAY_DATABASE_URL_FILE are both set: set only one\n")
 
 
+@starts_processes
 def test_relay_names_an_invalid_setting_in_one_line(tmp_path: Path) -> None:
     done = subprocess.run([str(VENV_BIN / "relay"), "migrate"], capture_output=True, text=True, timeout=60,
                           env=relay_env(tmp_path, RELAY_AUDIT_RETENTION_DAYS="3"))

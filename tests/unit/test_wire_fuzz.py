@@ -40,6 +40,7 @@ from gateway import ws
 from gateway.admission import Admission
 from gateway.hub import Connection, Hub
 from gateway.runtime import Gateway
+from tests.quick import examples
 from tests.support import LogRecords
 from tests.transports import ServerTransport
 from workflows.contracts.common import ConnectedSignal
@@ -151,7 +152,7 @@ light_frames: st.SearchStrategy[Frame] = st.one_of(
     st.text(max_size=40), st.binary(max_size=40),
 ).map(Frame)
 
-FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+FUZZ = settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                         HealthCheck.data_too_large])
 # Found by this test; kept as explicit examples so they are tried on every run.
 DEEP = Frame("[" * 100_000 + "]" * 100_000)
@@ -330,7 +331,7 @@ class SessionMachine(RuleBasedStateMachine):
         assert self.session.pending == self.pending
 
 
-SessionMachine.TestCase.settings = settings(max_examples=100, stateful_step_count=25, deadline=None,
+SessionMachine.TestCase.settings = settings(max_examples=examples(100), stateful_step_count=25, deadline=None,
                                             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 test_session_state_machine = SessionMachine.TestCase
 
@@ -487,7 +488,7 @@ def _malformed(frames_: list[Frame], *pending: str) -> int:
     return sum(isinstance(_receive(session, _on_the_wire(frame)), ProtocolError) for frame in frames_)
 
 
-SOCKET_FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+SOCKET_FUZZ = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                              HealthCheck.data_too_large])
 JOINED = ws.Joined("acme", "shop", "app-1", "key-1", "10.0.0.7")
 
