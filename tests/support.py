@@ -192,9 +192,10 @@ def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> 
 
 
 @contextlib.contextmanager
-def running_relay(data_dir: Path) -> Iterator[Relay]:
-    """`relay dev` on free ports and ``data_dir`` for the block; stopped after it, and it must exit cleanly."""
-    started = start_relay(data_dir, relay_env(data_dir))
+def running_relay(data_dir: Path, **overrides: str) -> Iterator[Relay]:
+    """`relay dev` on free ports and ``data_dir`` for the block (its environment with ``overrides``); stopped after
+    it, and it must exit cleanly."""
+    started = start_relay(data_dir, relay_env(data_dir, **overrides))
     try:
         yield started
     finally:

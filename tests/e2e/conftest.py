@@ -1,6 +1,6 @@
 """Everything under tests/e2e starts real processes, so every test here is in the ``e2e`` tier (``-m "not e2e"``
-deselects it), also where its module does not say so. ``concurrent`` (a module's own mark here) says an e2e test
-asserts no timing: `make test` runs those two at a time, and the rest one at a time."""
+deselects it), also where its module does not say so. ``concurrent`` (a module's own mark here, or a test's) says
+an e2e test asserts no timing: `make test` runs those two at a time, and the rest one at a time."""
 
 from __future__ import annotations
 

@@ -154,6 +154,7 @@ def _assert_recovered_once(relay: Relay, app: str, survivor: RawPeer) -> None:
     assert relay.process.popen.poll() is None, relay.process.output()[-3000:]
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_recovery_without_an_outage_is_the_reference(relay_pg: Relay) -> None:
     """The run every outage is compared with, on PostgreSQL."""
     app = _new_app(relay_pg)
@@ -186,6 +187,7 @@ class _HeldAnswer:
         return healthy_answer(request)
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_postgres_stopped_mid_recovery(relay_pg: Relay, cluster: PostgresCluster) -> None:
     app = _new_app(relay_pg)
     held = _HeldAnswer()
@@ -209,6 +211,7 @@ def test_sqlite_locked_mid_grace(relay: Relay) -> None:
         _assert_recovered_once(relay, app, survivor)
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_gateway_answers_503_problems_while_postgres_is_down(relay_pg: Relay, cluster: PostgresCluster) -> None:
     app = _new_app(relay_pg, grace_s=None)  # the default 60 s grace: the executor below is not recovered here
     with postgres_down(cluster):
@@ -263,6 +266,7 @@ def _ops(store: Store, app: str = APP) -> list[str]:
     return [row.operation for row in reversed(store.list_audit("local", app=app))]
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_every_store_query_runs(store: Store) -> None:
     store.ping()
     key = store.create_key(org="local", name="k")
@@ -320,6 +324,7 @@ def test_every_store_query_runs(store: Store) -> None:
         store.get_app("local", APP)
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_a_retried_write_lands_once(store: Store) -> None:
     store.ensure_app("local", APP)
     for _ in range(2):  # the same activity, tried twice
@@ -334,6 +339,7 @@ def test_a_retried_write_lands_once(store: Store) -> None:
     assert store.list_executors("local", APP) == []
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_concurrent_tries_of_one_write_land_once(store: Store) -> None:
     """An attempt that timed out may still run when its retry starts (a thread cannot be cancelled): both find the
     event key missing and insert. The unique key lets one commit; the other fails with ``IntegrityError``, on both
@@ -362,6 +368,7 @@ def test_concurrent_tries_of_one_write_land_once(store: Store) -> None:
     assert {e.executor_id: e.status for e in store.list_executors("local", APP)} == {"e1": "DISCONNECTED"}
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
 def test_processes_creating_the_schema_at_once(kind: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """`relay worker` and `relay gateway` started together on a new database both create the tables (PostgreSQL:
@@ -387,6 +394,7 @@ def test_processes_creating_the_schema_at_once(kind: str, request: pytest.Fixtur
     assert failures == []
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 async def test_an_activity_finding_the_database_away_fails_retryably() -> None:
     """The attempt fails with a short, explicitly retryable error (the workflow retries it until the database is
     back); BENIGN, so the SDK does not log a traceback for every attempt of every workflow."""

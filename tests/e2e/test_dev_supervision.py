@@ -176,6 +176,7 @@ def test_killed_temporal_comes_back_on_its_port_and_relay_works_again(tmp_path: 
         assert code == 0, relay.process.output()[-3000:]
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 @pytest.mark.e2e
 def test_normal_stop_restarts_nothing_and_leaves_no_temporal(tmp_path: Path) -> None:
     env = _env(tmp_path)
@@ -203,6 +204,7 @@ def test_normal_stop_restarts_nothing_and_leaves_no_temporal(tmp_path: Path) -> 
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 @pytest.mark.e2e
 def test_a_restarted_temporal_dies_with_a_killed_relay_dev(tmp_path: Path) -> None:
     env = _env(tmp_path)

@@ -50,6 +50,7 @@ def _cycle(relay: Relay, executor_id: str) -> None:
         ws.ping().wait(10)
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_two_thousand_flaps(flappy: tuple[Relay, str]) -> None:
     relay, address = flappy
     with relay.api() as api:

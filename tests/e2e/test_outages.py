@@ -181,6 +181,7 @@ def test_load_balancer_round_robin_and_down_backends(dial: Dial) -> None:
         assert sorted([_echo(dial(lb.port)) or b"" for _ in range(2)]) == [b"", b"b:x"]
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_freeze_and_thaw_a_process(tmp_path: Path) -> None:
     sleeper = Process(["sleep", "30"], env={}, log=tmp_path / "sleep.log")
     try:
@@ -210,10 +211,12 @@ def _good_run() -> RunHistory:
                       live_gateways=1, live_gateway_queues=frozenset({"q1"}), earliest_dead={"gone": 103})
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_checker_passes_a_good_run() -> None:
     assert violations(_good_run()) == []
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_checker_fails_a_live_executor_recovered() -> None:
     run = _good_run()
     run.audit += [_row("executor.dead", "stays", 104), _row("executor.recovery.dispatched", "stays", 104.1)]
@@ -225,6 +228,7 @@ def test_checker_fails_a_live_executor_recovered() -> None:
     assert "executor.recovery.dispatched" in str(err.value)  # the audit trail is in the report
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_checker_fails_a_double_or_early_recovery() -> None:
     run = _good_run()
     run.recovery_requests.append(RecoveryRequest("other", ("gone",)))
@@ -235,6 +239,7 @@ def test_checker_fails_a_double_or_early_recovery() -> None:
         ("the grace counts only time Relay could hear", True)], rules
 
 
+@pytest.mark.concurrent  # outcomes only, generous waits: two at a time
 def test_checker_waits_for_a_run_that_has_not_settled() -> None:
     run = _good_run()
     run.audit = run.audit[:4]  # DEAD, not recovered yet

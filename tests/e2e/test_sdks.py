@@ -16,6 +16,7 @@ import signal
 import socket
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -243,17 +244,18 @@ def test_retention_collects_old_finished_workflows_and_times_out_old_pending_one
 
 STORM_APP = "storm"
 STORM_WAVE = 150  # fake executors connected, then dropped, again and again
+SDK_PING_EVERY = timedelta(seconds=20)  # every SDK's client pings this often (PROTOCOL.md, "Keepalive")
 
 
 def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.TempPathFactory,
                                                    request: pytest.FixtureRequest) -> None:
-    """Real executors of each SDK chosen stay connected for twice the longest of their own pong timeouts (so each
-    client's timeout window passes whole at least once, wherever its first ping falls) while fake executors connect
-    and drop on the same gateway as fast as it lets them: Relay answers their pings promptly however busy it is, so
-    no client drops its socket (Go and Java drop one whose pong is late even while messages flow). The gateway runs
-    Relay's default liveness timings here."""
+    """Real executors of each SDK chosen stay connected for a ping interval plus the longest of their own pong
+    timeouts (so each client's timeout window passes whole at least once, wherever its first ping falls) while
+    fake executors connect and drop on the same gateway as fast as it lets them: Relay answers their pings promptly
+    however busy it is, so no client drops its socket (Go and Java drop one whose pong is late even while messages
+    flow). The gateway runs Relay's default liveness timings here."""
     chosen = [SDKS[name] for name in (request.config.getoption("sdk") or list(SDKS))]
-    hold = 2 * max(sdk.pong_timeout for sdk in chosen)
+    hold = SDK_PING_EVERY + max(sdk.pong_timeout for sdk in chosen)
     data_dir = tmp_path_factory.mktemp("storm-relay")
     relay = start_relay(data_dir, relay_env(data_dir))
     started: list[Process] = []

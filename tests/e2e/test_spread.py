@@ -1,6 +1,10 @@
 """When many executors of an app die together, recoveries spread across the survivors (fewest in flight first):
 no survivor carries more than its fair share + 1 at a time. Survivors are protocol-level peers that answer
-`recovery` slowly (so recoveries overlap) and `exist_pending_workflows` with false."""
+`recovery` slowly (so recoveries overlap) and `exist_pending_workflows` with false.
+
+The relay here never trips the storm breaker (share 1: only all of an app at once is a storm): six of eight dying
+together would trip the default one, and its pacing (a recovery every 5 s) would keep the recoveries from
+overlapping at all, so that the spread would be checked on recoveries one at a time."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from contextlib import ExitStack
 import pytest
 from websockets.sync.client import ClientConnection, connect
 
-from tests.support import Relay, play_executor, wait_until
+from tests.support import Relay, play_executor, running_relay, wait_until
 
 pytestmark = pytest.mark.e2e
 APP = "spread-e2e"
@@ -65,6 +69,12 @@ class SlowPeer:
         self._stack.close()
 
 
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
+    with running_relay(tmp_path_factory.mktemp("relay-spread"), RELAY_RECOVERY_STORM_SHARE="1") as started:
+        yield started
+
+
 @pytest.fixture
 def peers(relay: Relay) -> Iterator[list[SlowPeer]]:
     with relay.api() as api:
@@ -96,3 +106,5 @@ def test_recoveries_are_spread_across_survivors(relay: Relay, peers: list[SlowPe
     assert all(p.recovered for p in peers)
     ops = [op for op, ex in relay.audit(APP) if ex in dead]
     assert ops.count("executor.recovery.succeeded") == 6 and ops.count("executor.deleted") == 6
+    assert "executor.recovery.held" not in ops  # not paced: the recoveries overlapped
+    assert max(p.max_in_flight for p in peers) > 1, [p.max_in_flight for p in peers]

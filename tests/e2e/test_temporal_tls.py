@@ -30,7 +30,7 @@ from tests.support import (
     workflow_status,
 )
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]  # outcomes only, waits sized for a busy machine
 OPENSSL = "/usr/bin/openssl"
 HAPROXY = "/usr/sbin/haproxy"
 # A bad TLS setting must stop a process this soon (start-up included: a few seconds of imports on a busy machine).
