@@ -16,7 +16,7 @@ from cli.common import api_of, command, emit, parse_duration, path_part
 from cli.tables import Json, format_duration, table, utc_time
 from core import units
 from core.settings import Settings
-from workflows.contracts.alerts import RuleType
+from core.types import RuleType
 
 
 def _min_interval(text: str) -> int:

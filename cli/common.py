@@ -15,9 +15,9 @@ from urllib.parse import quote
 import httpx
 
 from cli.tables import DURATION_UNITS, Json
-from core.models import utcnow
 from core.names import DEFAULT_ORG
 from core.settings import Settings
+from core.units import utcnow
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d)")
 

@@ -23,7 +23,6 @@ from cli.common import AFTER_PARSE, api_key
 from core.errors import SchemaVersionError
 from core.logs import configure as configure_logging
 from core.logs import install_redaction
-from core.models import open_engine
 from core.names import DEFAULT_ORG
 from core.settings import Settings
 
@@ -126,6 +125,8 @@ def _check_schema(settings: Settings) -> None:
     whose lifespan would bury the line under a traceback): a database at another schema revision than this code's
     (``SchemaVersionError``) stops it here with one line and exit status 1. With RELAY_MIGRATE_ON_START an older
     one is upgraded here. A database that cannot be reached is the process's own to meet, as before."""
+    from core.models import open_engine  # the database's modules: only for the commands that open it
+
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     try:
         open_engine(settings).dispose()

@@ -15,10 +15,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import create_engine, make_url
-
-from core import migrations
-from core.models import engine_url, make_engine
 from core.settings import Settings
 
 
@@ -31,6 +27,9 @@ def _migrate(args: argparse.Namespace, settings: Settings) -> None:
 
 
 def _upgrade(settings: Settings) -> None:
+    from core import migrations
+    from core.models import make_engine
+
     if settings.database_url is None:  # SQLite in the data dir: the directory may not exist yet on a first run
         settings.data_dir.mkdir(parents=True, exist_ok=True)
     # Upgrades under the migration lock, or finds it at head.
@@ -45,6 +44,11 @@ def _upgrade(settings: Settings) -> None:
 
 
 def _print_sql(url: str) -> None:
+    from sqlalchemy import create_engine, make_url
+
+    from core import migrations
+    from core.models import engine_url
+
     url = engine_url(url)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite" and parsed.database and not Path(parsed.database).exists():

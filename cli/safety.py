@@ -15,8 +15,8 @@ from cli import workflow_tables as show
 from cli.common import api_of, app_path, command, emit, parse_duration, path_part, say
 from cli.tables import Json, table
 from core import units
-from core.models import utcnow
 from core.settings import Settings
+from core.units import utcnow
 
 MAX_FOR = timedelta(days=30)  # the REST API's bound on expiresInSecs
 

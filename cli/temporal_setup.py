@@ -12,30 +12,18 @@ import argparse
 import asyncio
 import sys
 from datetime import timedelta
-from typing import Any
-
-from google.protobuf.duration_pb2 import Duration
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
-from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, RegisterNamespaceRequest
-from temporalio.client import Client
-from temporalio.service import RPCError, RPCStatusCode
+from typing import TYPE_CHECKING, Any
 
 from cli.common import parse_duration
 from core.settings import Settings
-from core.temporal import (
-    INDEXED_TYPES,
-    TemporalConnection,
-    TemporalStartError,
-    exit_now,
-    reach,
-    search_attributes,
-    setup_instructions,
-    temporal_connection,
-)
-from workflows.contracts.common import SEARCH_ATTRIBUTES
+from core.types import SEARCH_ATTRIBUTES
 
-# Refusals that mean "not through this API here" (Temporal Cloud), not "try again".
-_REFUSED = (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNIMPLEMENTED)
+if TYPE_CHECKING:
+    from temporalio.client import Client
+
+    from core.temporal import TemporalConnection
+
+# Temporal's modules are imported when the command runs, not by every `relay` command that builds the parser.
 # A namespace just registered, or an attribute just added, reaches the frontend's caches (and Elasticsearch's
 # mapping) a few seconds after it is written: look again this often, for this long.
 _SETTLE_EVERY = timedelta(milliseconds=500)
@@ -57,7 +45,18 @@ def add_commands(sub: Any) -> None:
     setup.set_defaults(admin=_setup)
 
 
+def _refused(err: Exception) -> bool:
+    """A refusal that means "not through this API here" (Temporal Cloud), not "try again"."""
+    from temporalio.service import RPCError, RPCStatusCode
+
+    return isinstance(err, RPCError) and err.status in (RPCStatusCode.PERMISSION_DENIED, RPCStatusCode.UNIMPLEMENTED)
+
+
 def _setup(args: argparse.Namespace, settings: Settings) -> None:
+    from temporalio.service import RPCError
+
+    from core.temporal import TemporalStartError, exit_now, temporal_connection
+
     try:
         asyncio.run(_run(temporal_connection(settings), args.retention, settings.temporal_connect_timeout))
     except (TemporalStartError, SetupRefused, RPCError) as err:
@@ -68,6 +67,8 @@ def _setup(args: argparse.Namespace, settings: Settings) -> None:
 
 
 async def _run(conn: TemporalConnection, retention: timedelta, timeout: timedelta) -> None:
+    from core.temporal import reach
+
     client = await reach(conn, timeout=timeout)
     print(f"Temporal at {conn.describe()}", flush=True)
     print(await ensure_namespace(client, conn.namespace, retention), flush=True)
@@ -76,11 +77,17 @@ async def _run(conn: TemporalConnection, retention: timedelta, timeout: timedelt
 
 async def ensure_namespace(client: Client, namespace: str, retention: timedelta) -> str:
     """Register ``namespace`` unless it exists; what was done, in a line."""
+    from google.protobuf.duration_pb2 import Duration
+    from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, RegisterNamespaceRequest
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from core.temporal import setup_instructions
+
     try:
         await client.workflow_service.describe_namespace(DescribeNamespaceRequest(namespace=namespace))
         return f"namespace {namespace}: exists"
     except RPCError as err:
-        if err.status in _REFUSED:
+        if _refused(err):
             return f"namespace {namespace}: not readable here ({err.status.name}); assumed to exist"
         if err.status != RPCStatusCode.NOT_FOUND:
             raise
@@ -88,7 +95,7 @@ async def ensure_namespace(client: Client, namespace: str, retention: timedelta)
         await client.workflow_service.register_namespace(RegisterNamespaceRequest(
             namespace=namespace, workflow_execution_retention_period=Duration(seconds=int(retention.total_seconds()))))
     except RPCError as refused:
-        if refused.status in _REFUSED:
+        if _refused(refused):
             raise SetupRefused(f"the server refuses to create namespace {namespace} ({refused.status.name}): create it "
                                f"yourself, then run this again\n{setup_instructions(namespace)}") from None
         if refused.status != RPCStatusCode.ALREADY_EXISTS:  # created meanwhile by another run: as good
@@ -99,6 +106,11 @@ async def ensure_namespace(client: Client, namespace: str, retention: timedelta)
 
 async def ensure_search_attributes(client: Client, namespace: str) -> str:
     """Add Relay's search attributes missing from ``namespace``; what was done, in a line."""
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from core.temporal import INDEXED_TYPES, search_attributes, setup_instructions
+
     present = await search_attributes(client, namespace)
     if present is None:
         raise SetupRefused(f"the server refuses the operator API here (Temporal Cloud?): "
@@ -114,7 +126,7 @@ async def ensure_search_attributes(client: Client, namespace: str) -> str:
         await client.operator_service.add_search_attributes(AddSearchAttributesRequest(
             namespace=namespace, search_attributes={name: INDEXED_TYPES[kind] for name, kind in missing.items()}))
     except RPCError as err:
-        if err.status in _REFUSED:
+        if _refused(err):
             raise SetupRefused(f"the server refuses to add search attributes ({err.status.name}): "
                                f"{setup_instructions(namespace, missing)}") from None
         if err.status != RPCStatusCode.ALREADY_EXISTS:
@@ -129,6 +141,10 @@ async def ensure_search_attributes(client: Client, namespace: str) -> str:
 
 
 async def _namespace_visible(client: Client, namespace: str) -> bool:
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from core.temporal import search_attributes
+
     try:
         return await search_attributes(client, namespace) is not None
     except RPCError as err:

@@ -20,8 +20,8 @@ from typing import Any
 from cli import workflow_tables as show
 from cli.common import api_of, app_path, command, emit, fail, instant, iso, path_part, say
 from cli.tables import Json
-from core.models import utcnow
 from core.settings import Settings
+from core.units import utcnow
 
 Render = Callable[[Any, datetime], str]
 LIST_DEFAULT_LIMIT = 10  # dbos-ctl's: a screenful; --limit asks for more

@@ -26,7 +26,8 @@ from sqlalchemy import Engine
 from sqlalchemy import delete as sa_delete
 from sqlmodel import Session, col, select
 
-from core.models import GatewayProcess, utcnow
+from core.models import GatewayProcess
+from core.units import utcnow
 
 # Long past any grace or blocked recovery that could still name the queue; a queue forgotten is merely probed.
 KEEP_GONE = timedelta(days=30)

@@ -15,16 +15,13 @@ import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
-from temporalio.exceptions import ApplicationError, CancelledError
-from temporalio.runtime import (
-    LogForwardingConfig,
-    LoggingConfig,
-    PrometheusConfig,
-    Runtime,
-    TelemetryConfig,
-    TelemetryFilter,
-)
+if TYPE_CHECKING:
+    from temporalio.runtime import PrometheusConfig
+
+# Temporal's SDK is imported where it is used (it costs a third of a second): a `relay` command that only calls the
+# REST API never loads it.
 
 # The last path segment of /websocket/{app}/{key}, and any dbos_ key anywhere else in a message.
 _WS_PATH = re.compile(r"(/websocket/[^/\s\"']+/)[^\s\"'?]+")
@@ -164,6 +161,10 @@ class OneLineActivityFailures(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         err = record.exc_info[1] if record.exc_info else None
+        if err is None:
+            return True
+        from temporalio.exceptions import ApplicationError, CancelledError
+
         if isinstance(err, ApplicationError) and err.__cause__ is None:
             record.msg, record.args = f"{record.getMessage()}: {err.type or 'ApplicationError'}: {err.message}", None
             record.exc_info, record.exc_text = None, None
@@ -282,6 +283,8 @@ def install_temporal_sdk_logging(*, metrics: PrometheusConfig | None = None) -> 
     Args:
         metrics: Where the SDK serves its own Prometheus metrics, set on the same runtime.
     """
+    from temporalio.runtime import LogForwardingConfig, LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
     forwarding = LogForwardingConfig(logger=logging.getLogger(CORE_LOGGER), append_target_to_name=False,
                                      prepend_target_on_message=False, append_log_fields_to_message=False)
     logging_config = LoggingConfig(filter=TelemetryFilter(core_level="WARN", other_level="ERROR"),

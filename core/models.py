@@ -18,6 +18,7 @@ from sqlmodel import Field, SQLModel, create_engine
 from core import migrations
 from core.settings import DatabasePool, Settings
 from core.types import ExecutorStatus
+from core.units import utcnow
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -35,10 +36,6 @@ class UTCDateTime(TypeDecorator[datetime]):
         if value is None:
             return None
         return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-
-
-def utcnow() -> datetime:
-    return datetime.now(UTC)
 
 
 def new_id() -> str:

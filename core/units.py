@@ -11,6 +11,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 
+def utcnow() -> datetime:
+    """Now, in UTC."""
+    return datetime.now(UTC)
+
+
 def seconds_to_timedelta(seconds: float) -> timedelta:
     return timedelta(seconds=seconds)
 

@@ -29,8 +29,9 @@ from api.schemas import (
 )
 from core import units
 from core.errors import NotFoundError
-from core.models import ExecutorDrain, utcnow
+from core.models import ExecutorDrain
 from core.store import Store, subject_of
+from core.units import utcnow
 from gateway import Gateway
 from workflows.contracts.lifecycle import PeerAvailableSignal
 

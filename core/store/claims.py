@@ -13,9 +13,10 @@ from sqlalchemy import Connection, bindparam, exists, func, union_all
 from sqlmodel import Session, col, select
 
 from core import candidates
-from core.models import Executor, ExecutorDrain, ManagementClaim, RecoveryClaim, RecoveryTicket, utcnow
+from core.models import Executor, ExecutorDrain, ManagementClaim, RecoveryClaim, RecoveryTicket
 from core.store.base import StoreBase, find_app
 from core.types import ExecutorStatus
+from core.units import utcnow
 
 # A claim by an operator's request (``claim_for_management``) left behind by a gateway that died mid-request stops
 # counting after this long.

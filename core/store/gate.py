@@ -13,10 +13,11 @@ from sqlmodel import Session, col, or_, select
 
 from core import gate, units
 from core.errors import NotFoundError
-from core.models import AuditLog, Executor, ExecutorDrain, RecoveryGate, RecoveryPause, RecoveryTicket, utcnow
+from core.models import AuditLog, Executor, ExecutorDrain, RecoveryGate, RecoveryPause, RecoveryTicket
 from core.store.base import StoreBase, app_row
 from core.store.registry import dead_executors
 from core.types import ExecutorStatus
+from core.units import utcnow
 
 # Let-through tickets are kept this long (or a storm window, if longer): they spread recoveries over the peers.
 TICKETS_KEPT = timedelta(hours=1)

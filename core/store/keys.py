@@ -10,9 +10,10 @@ from sqlalchemy import Connection, bindparam
 from sqlmodel import Session, col, select
 
 from core.errors import ConflictError, ForbiddenError, NotFoundError
-from core.models import ApiKey, Application, AuditLog, utcnow
+from core.models import ApiKey, Application, AuditLog
 from core.store.base import KEY_PREFIX, Principal, StoreBase, app_row, check_key, hash_key
 from core.store.claims import Candidates, candidates_on
+from core.units import utcnow
 
 
 @dataclass(frozen=True)

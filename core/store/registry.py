@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
-from core.models import AuditLog, Executor, RecoveryClaim, RecoveryTicket, utcnow
+from core.models import AuditLog, Executor, RecoveryClaim, RecoveryTicket
 from core.store.base import StoreBase
 from core.types import ExecutorInfo, ExecutorStatus
+from core.units import utcnow
 
 # A DEAD executor's recovery steps, as its lifecycle workflow audits them: the last one since it died says whether
 # its recovery is blocked for lack of a peer (``Store.blocked_recoveries``).

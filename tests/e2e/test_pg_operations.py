@@ -30,9 +30,10 @@ from sqlalchemy.exc import OperationalError
 
 from core import migrations
 from core.errors import SchemaVersionError
-from core.models import make_engine, open_engine, utcnow
+from core.models import make_engine, open_engine
 from core.settings import Settings
 from core.store import Store
+from core.units import utcnow
 from tests.e2e.test_temporal_tls import make_pki
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.support import VENV_BIN, Process, free_port, relay_env

@@ -10,7 +10,8 @@ from sqlmodel import Session
 
 from core import gateways
 from core.gateways import GatewayRegistry
-from core.models import GatewayProcess, make_engine, utcnow
+from core.models import GatewayProcess, make_engine
+from core.units import utcnow
 
 
 @pytest.fixture

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
-from core.models import ManagementClaim, RecoveryClaim, make_engine, utcnow
+from core.models import ManagementClaim, RecoveryClaim, make_engine
 from core.store import MANAGEMENT_CLAIM_TTL, Store
+from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
 
