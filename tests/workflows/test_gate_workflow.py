@@ -26,6 +26,7 @@ from core.store import Store
 from core.temporal import data_converter
 from tests.conftest import assert_eventually
 from tests.lifecycle_fakes import APP, DEAD, DISCONNECTED, GRACE, HEALTHY, ORG, VERSION, FakeRelay, Relay
+from worker import workflow_runner
 from workflows.contracts.common import ExecutorStatus
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 
@@ -63,7 +64,8 @@ async def gated(time_skipping_env: WorkflowEnvironment, tmp_path: Path) -> Async
         await stack.enter_async_context(Worker(
             client, task_queue=fakes.task_queue, workflows=[ExecutorLifecycleWorkflow],
             activities=[*(a for a in fakes.db_activities() if a != fakes.admit_recovery),  # the real gate instead
-                        *GateActivities(store, POLICY).all()]))
+                        *GateActivities(store, POLICY).all()],
+            workflow_runner=workflow_runner(client.data_converter)))  # the worker's sandbox, as in production
         for peer in fakes.peers:
             await stack.enter_async_context(
                 Worker(client, task_queue=peer.gateway_queue, activities=fakes.gateway_activities()))
