@@ -3,8 +3,9 @@
 Environment: RELAY_URL, RELAY_KEY (RELAY_URL empty: no conductor at all; the executor id is then DBOS__VMID, or
 DBOS's "local"), APP_NAME, SYS_DB (sqlite path), APP_VERSION, STEP_LOG (file that
 each step appends "<pid> <step>" to), STEP_SECONDS, EXECUTOR_METADATA (a JSON object sent in executor_info),
-METADATA_ONLY ("1": the conductor client's metadata-only mode), and START_WORKFLOW (a workflow id to start once
-the file START_WORKFLOW_WHEN exists).
+METADATA_ONLY ("1": the conductor client's metadata-only mode), START_WORKFLOW (a workflow id to start once
+the file START_WORKFLOW_WHEN exists), and STEPS_FAST_WHEN (a file: once it exists, steps no longer wait
+STEP_SECONDS, so a test ends a long workflow when it has seen what it needed to).
 
 For retention tests: FINISHED_WORKFLOWS (comma-separated workflow ids run to completion at launch) and
 PENDING_WORKFLOWS (comma-separated workflow ids started at launch that wait, PENDING, for an hour).
@@ -44,7 +45,9 @@ STEPS = 20
 
 @DBOS.step()
 def step(i: int) -> int:
-    time.sleep(float(os.environ.get("STEP_SECONDS", "0.3")))
+    fast_when = os.environ.get("STEPS_FAST_WHEN")
+    if not (fast_when and os.path.exists(fast_when)):
+        time.sleep(float(os.environ.get("STEP_SECONDS", "0.3")))
     with open(os.environ["STEP_LOG"], "a") as log:
         log.write(f"{os.getpid()} {i}\n")
     return i

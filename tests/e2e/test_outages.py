@@ -60,6 +60,8 @@ from tests.support import (
 )
 
 HEARTBEAT_SECS = 2.0  # RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS: the watch's heartbeat and the probe's timeout
+# RELAY_RECOVERY_PAUSE_RECHECK_SECS: a held recovery looks at the gate again this often (test_revival lifts a pause).
+PAUSE_RECHECK_SECS = 3.0
 FENCE_SECS = 0.8  # RELAY_GATEWAY_FENCE_SECS: with the contact check's lag (0.67 s), under the heartbeat
 GRACE_SECS = 3  # the apps' executorTimeoutSecs
 RECOVERY_TIMEOUT_SECS = 3
@@ -293,7 +295,8 @@ class Cluster:
         self.env = relay_env(self.tmp, RELAY_TEMPORAL_ADDRESS=self.temporal_address,
                              RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_SECS),
                              RELAY_GATEWAY_FENCE_SECS=str(FENCE_SECS),
-                             RELAY_RECOVERY_TIMEOUT_SECS=str(RECOVERY_TIMEOUT_SECS))
+                             RELAY_RECOVERY_TIMEOUT_SECS=str(RECOVERY_TIMEOUT_SECS),
+                             RELAY_RECOVERY_PAUSE_RECHECK_SECS=str(PAUSE_RECHECK_SECS))
         self.key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=self.env, check=True,
                                   capture_output=True, text=True, timeout=60).stdout.strip()
         self.processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=self.env,

@@ -379,7 +379,9 @@ def test_gateway_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
     disconnected by the gateway watch, reconnect to the restarted gateway within their grace and are not
     recovered; the dead one is recovered once, through the peer's new socket, and deleted within a second of DEAD
     (the killed incarnation is known gone once its successor starts: the fence does not wait on it)."""
-    app, grace = "restart-gateway", 8
+    # The grace outlasts the gateway's kill, its watch's notice and a restart with both executors back (8 s was
+    # too short on a slow machine: the restart ended 1.0 s past the deadline).
+    app, grace = "restart-gateway", 12
     cluster.register(app, grace)
     peer = RawPeer(cluster.ws_url, app, cluster.key, "peer")
     dead = RawPeer(cluster.ws_url, app, cluster.key, "dead")

@@ -29,7 +29,14 @@ from collections import Counter
 
 import pytest
 
-from tests.e2e.test_outages import Cluster, Gateway, cluster, peers, proxies  # noqa: F401 — the fixtures
+from tests.e2e.test_outages import (  # noqa: F401 — the fixtures
+    PAUSE_RECHECK_SECS,
+    Cluster,
+    Gateway,
+    cluster,
+    peers,
+    proxies,
+)
 from tests.faults import (
     Cut,
     LoadBalancer,
@@ -49,11 +56,12 @@ pytestmark = pytest.mark.e2e
 ORG_APPS = "/v2/orgs/local/apps"
 WORKFLOW = "wf-x1"
 STEPS = 20  # tests/executor_app.py's twenty_steps
-# 20 steps of 2.5 s (about 50 s): x1's workflow runs from before the freeze until well after the pause is lifted
+# 20 steps of 2.5 s (up to 50 s): x1's workflow runs from before the freeze until well after the pause is lifted
 # (at the latest DEAD + CANCELLED_WITHIN, about 20 s after the freeze) and the held recovery has looked at the gate
-# again (within RELAY_RECOVERY_PAUSE_RECHECK_SECS, 15 s): a recovery sent for x1 by mistake then has x2 run the
-# steps x1 has not finished yet, as in the red team's run.
+# again twice (every RELAY_RECOVERY_PAUSE_RECHECK_SECS, 3 s here): a recovery sent for x1 by mistake then has x2 run
+# the steps x1 has not finished yet, as in the red team's run. Then the test lets the rest run fast.
 STEP_SECONDS = 2.5
+LOOKS_AFTER_THE_LIFT = 2 * PAUSE_RECHECK_SECS + 1.0
 # The watch's heartbeat timeout and its probe's pick-up (2 x 2 s), the grace (3 s), at most a probe before DEAD
 # (2 s; none once A is known gone), Temporal's timers a second late: DEAD 6 to 12 s after the freeze. Room for a
 # loaded 2-core machine.
@@ -165,12 +173,13 @@ def test_back_through_another_gateway_while_its_recovery_is_paused(
     home = cluster.start_gateway("gateway-c")
     cluster.register(b, app)
     lb = _steered(proxies, a, b)
-    go, steps = cluster.tmp / "go", cluster.tmp / "steps"
+    go, fast, steps = cluster.tmp / "go", cluster.tmp / "fast", cluster.tmp / "steps"
     executors: list[Process] = []
     findings: list[str] = []
     try:
         x1, x1_id = _start_dbos(cluster, app, "x1", lb.ws_url, executors, START_WORKFLOW=WORKFLOW,
-                                START_WORKFLOW_WHEN=str(go), STEP_SECONDS=str(STEP_SECONDS))
+                                START_WORKFLOW_WHEN=str(go), STEP_SECONDS=str(STEP_SECONDS),
+                                STEPS_FAST_WHEN=str(fast))
         x2, x2_id = _start_dbos(cluster, app, "x2", home.relay.ws_url, executors)
         placed = registry_rows(cluster.tmp, app)
         assert (placed[x1_id].gateway_queue, placed[x2_id].gateway_queue) == (a.queue, home.queue), placed
@@ -200,9 +209,12 @@ def test_back_through_another_gateway_while_its_recovery_is_paused(
                 findings.append(f"{err}: the gate's wait did not end on x1's `connected`")
             _lift_pause(b, app)
             marks["pause lifted"] = time.time()
+            time.sleep(LOOKS_AFTER_THE_LIFT)  # the held recovery's looks at the gate, with x1's workflow running
             broken = _rules_broken(observed, x1_id, timeout=30)
             if broken:
                 findings.append(f"x1 and x2 not both HEALTHY, unrecovered, within 30 s of the lift:\n{broken}")
+            fast.touch()
+            marks["steps let run fast"] = time.time()
             try:
                 wait_until(lambda: SystemDatabase(path=cluster.tmp / "sys.sqlite").status(WORKFLOW) == "SUCCESS",
                            timeout=STEPS * STEP_SECONDS + 30, what=f"{WORKFLOW} SUCCESS")

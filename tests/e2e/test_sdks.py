@@ -247,6 +247,7 @@ STORM_WAVE = 150  # fake executors connected, then dropped, again and again
 SDK_PING_EVERY = timedelta(seconds=20)  # every SDK's client pings this often (PROTOCOL.md, "Keepalive")
 
 
+@pytest.mark.concurrent  # outcomes only (no client drops a socket): its own relay, alongside another test
 def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.TempPathFactory,
                                                    request: pytest.FixtureRequest) -> None:
     """Real executors of each SDK chosen stay connected for a ping interval plus the longest of their own pong
