@@ -105,13 +105,20 @@ class ContextlessSandboxRunner(SandboxedWorkflowRunner):
         return _Contextless(super().create_instance(det), det)
 
 
+# Modules the workflow sandbox shares with the worker instead of importing them anew for every workflow run.
+PASSED_THROUGH = ("pydantic", "core.types", "workflows.contracts", "workflows.timing", "workflows.fence",
+                  "workflows.lifecycle_base", "workflows.recovery")
+
+
 def workflow_runner(converter: DataConverter) -> SandboxedWorkflowRunner:
     """The sandbox Relay's workflows run in; answering the serialization-context questions outside it
     (``ContextlessSandboxRunner``) unless ``converter`` has a payload codec or external storage."""
     # Relay's contracts (typed inputs, activity stubs) and pydantic are safe to share with the sandbox: not
     # re-importing them for every workflow run is most of the cost of starting one (the connect-storm benchmark).
-    restrictions = SandboxRestrictions.default.with_passthrough_modules("pydantic", "core.types", "workflows.contracts",
-                                                                        "workflows.timing", "workflows.fence")
+    # So are the lifecycle's two base modules (steps, no state of their own): re-imported for every run, the split
+    # of the lifecycle into three modules cost the worker about 5 ms of CPU per registration. What they may import
+    # is checked as the sandbox would (tests/unit/test_layers.py, PASSED_THROUGH).
+    restrictions = SandboxRestrictions.default.with_passthrough_modules(*PASSED_THROUGH)
     if converter.payload_codec is None and converter.external_storage is None:
         return ContextlessSandboxRunner(restrictions=restrictions)
     return SandboxedWorkflowRunner(restrictions=restrictions)

@@ -191,3 +191,53 @@ def test_no_product_module_is_over_the_limit() -> None:
     long = {str(p.relative_to(ROOT)) for package in PRODUCT for p in _sources(package)
             if len(p.read_text().splitlines()) > MAX_MODULE_LINES}
     assert not long, f"over {MAX_MODULE_LINES} lines: {sorted(long)}"
+
+
+# -- workflow code the sandbox passes through imports only what is deterministic ---------------------------------
+
+# Workflow code in a module the worker passes through the sandbox (worker.PASSED_THROUGH) is imported once, outside
+# it: the sandbox no longer stops a clock read or I/O there, so this does. Such a module may import only these (and
+# from ``datetime`` only ``timedelta``); its Relay imports must be passed through too.
+PASSED_THROUGH_MAY_IMPORT = {"__future__", "asyncio", "collections.abc", "contextlib", "dataclasses", "datetime",
+                             "typing", "temporalio", "temporalio.common", "temporalio.exceptions",
+                             "temporalio.workflow"}
+
+
+def _passed_through() -> tuple[str, ...]:
+    """worker.PASSED_THROUGH, read from the source (importing the worker would load Temporal's SDK here)."""
+    for node in ast.parse((ROOT / "worker.py").read_text()).body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", "") for t in node.targets] == ["PASSED_THROUGH"]:
+            names: tuple[str, ...] = ast.literal_eval(node.value)
+            return names
+    raise AssertionError("worker.py assigns no PASSED_THROUGH")
+
+
+def passed_through_violations(path: Path, passed: tuple[str, ...]) -> list[str]:
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        modules = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                   else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+        for module in modules:
+            relay = module.split(".")[0] in (*PRODUCT, "workflows")
+            shared = any(module == p or module.startswith(f"{p}.") for p in passed)
+            if (relay and not shared and module != "workflows") or (not relay and module not in
+                                                                     PASSED_THROUGH_MAY_IMPORT):
+                found.append(f"{path.name} imports {module}")
+        if isinstance(node, ast.ImportFrom) and node.module == "datetime":
+            found += [f"{path.name} imports datetime.{a.name}" for a in node.names if a.name != "timedelta"]
+    return found
+
+
+def test_workflow_code_passed_through_the_sandbox_imports_only_what_is_deterministic() -> None:
+    passed = _passed_through()
+    workflow_code = [ROOT / (name.replace(".", "/") + ".py") for name in passed if name.startswith("workflows.")]
+    assert [p for p in workflow_code if p.exists()], passed
+    assert [v for p in workflow_code if p.exists() for v in passed_through_violations(p, passed)] == []
+
+
+def test_the_passed_through_rule_catches_a_clock_and_io(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("import time\nfrom datetime import datetime, timedelta\nfrom workflows.lifecycle import X\n"
+                   "from workflows.contracts.common import Candidate\n")
+    assert passed_through_violations(bad, ("workflows.contracts",)) == [
+        "bad.py imports time", "bad.py imports datetime.datetime", "bad.py imports workflows.lifecycle"]
