@@ -41,6 +41,8 @@ def skewed(tmp_path: Path) -> Iterator[tuple[Relay, Path]]:
                   tmp_path, env)
     try:
         wait_until(lambda: healthy(relay.url), timeout=60, what="gateway up")
+        # The worker too: on a slow machine it was still starting when the test's executor was due HEALTHY.
+        wait_until(lambda: "worker running on task queue" in worker.output(), timeout=60, what="worker up")
         yield relay, offset
     finally:
         gateway.stop()
@@ -55,9 +57,11 @@ def test_a_clock_jump_mid_grace_changes_nothing(skewed: tuple[Relay, Path], jump
         api.put("/v2/orgs/local/apps/skewed-app")
         api.patch("/v2/orgs/local/apps/skewed-app", json={"executorTimeoutSecs": int(GRACE)})
     client = RawClient(f"{relay.ws_url}websocket/skewed-app/{relay.key}")
-    client.handshake("skewed-1")
-    wait_until(lambda: relay.executors("skewed-app").get("skewed-1") == "HEALTHY", timeout=10, what="HEALTHY")
-    client.close()
+    try:
+        client.handshake("skewed-1")
+        wait_until(lambda: relay.executors("skewed-app").get("skewed-1") == "HEALTHY", timeout=10, what="HEALTHY")
+    finally:
+        client.close()  # also on a failure: an unclosed socket fails a later test with a ResourceWarning
     closed = time.monotonic()
     wait_until(lambda: relay.executors("skewed-app").get("skewed-1") == "DISCONNECTED", timeout=5,
                what="DISCONNECTED")
