@@ -324,7 +324,9 @@ def test_worker_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
     """Only the worker SIGKILLed mid-grace. A grace that ended while no worker ran fires at once when it is back;
     one that ends after it is back fires at its original time; an executor that reconnected while no worker ran
     is not recovered. Two apps, for two graces."""
-    early, late, early_grace, late_grace = "restart-worker", "restart-worker-late", 4, 10
+    # The later grace outlasts the earlier deadline, a second past it, and a worker's restart with a margin: 10 s
+    # left the worker 4 s to start, and on a slow machine it took more.
+    early, late, early_grace, late_grace = "restart-worker", "restart-worker-late", 4, 16
     cluster.register(early, early_grace)
     cluster.register(late, late_grace)
     peers = {app: RawPeer(cluster.ws_url, app, cluster.key, "peer") for app in (early, late)}
