@@ -65,15 +65,14 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
-# The tiers without real processes spread over every core (as in `make check`); then the e2e tier: the tests marked
-# `concurrent` (they assert no timing) two at a time, a module per worker; the rest one at a time (their timings are
-# real: two at once would measure each other). Together: every test, once.
+# The e2e tests that measure time one at a time (two at once would measure each other); beside them, on the CPU
+# time they leave idle (a cgroup marked cpu.idle, where one can be made; else one after another), the tiers without
+# real processes over every core (as in `make check`), then the e2e tests marked `concurrent` (they assert no
+# timing) two at a time, a module per worker. Together: every test, once (tests/tiers.py).
 test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
-	$(PY) -m pytest -q -m "not e2e" -n auto tests/unit tests/workflows tests/api
-	$(PY) -m pytest -q -m "e2e and concurrent" -n 2 --dist loadfile --durations=10
-	$(PY) -m pytest -q -m "e2e and not concurrent" --durations=25
+	$(PY) -m tests.tiers
 
 # One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python` (tests/e2e/test_sdks.py for that
 # SDK; for Python also its own recovery and liveness end-to-end tests, which run dbos==3.2.0 executors).
