@@ -15,11 +15,10 @@ def _marks(argv: list[str]) -> str:
 
 
 def test_the_tiers_split_every_test_once() -> None:
-    """The untimed tiers take what is not e2e (tests/unit, workflows, api) and the e2e tests marked concurrent; the
-    timed one the other e2e tests: as the three commands `make test` ran before."""
-    fast, concurrent = tiers.UNTIMED
-    assert _marks(fast) == "not e2e" and fast[-3:] == ["tests/unit", "tests/workflows", "tests/api"]
-    assert _marks(concurrent) == "e2e and concurrent" and "--dist" in concurrent
+    """The fast tier takes what is not e2e (tests/unit, workflows, api), the concurrent one the e2e tests marked
+    concurrent, the timed one the other e2e tests: as the three commands `make test` ran before."""
+    assert _marks(tiers.FAST) == "not e2e" and tiers.FAST[-3:] == ["tests/unit", "tests/workflows", "tests/api"]
+    assert _marks(tiers.CONCURRENT) == "e2e and concurrent" and "--dist" in tiers.CONCURRENT
     assert _marks(tiers.TIMED) == "e2e and not concurrent" and "-n" not in tiers.TIMED
 
 
