@@ -66,9 +66,9 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
 # The tiers without real processes over every core (as in `make check`); then the e2e tests that measure time one
-# at a time (two at once would measure each other) and, beside them on the CPU time they leave idle (a cgroup marked
-# cpu.idle, where one can be made; else after them), the e2e tests marked `concurrent` (they assert no timing) two
-# at a time, a module per worker. Together: every test, once (tests/tiers.py).
+# at a time (two at once would measure each other) and, beside them on the CPU time they leave idle (a cgroup of an
+# eighth of the usual CPU weight, where one can be made; else after them), the e2e tests marked `concurrent` (they
+# assert no timing) two at a time, a module per worker. Together: every test, once (tests/tiers.py).
 test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
