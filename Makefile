@@ -65,10 +65,10 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
-# The tiers without real processes over every core (as in `make check`); then the e2e tests that measure time one
-# at a time (two at once would measure each other) and, beside them on the CPU time they leave idle (a cgroup of an
-# eighth of the usual CPU weight, where one can be made; else after them), the e2e tests marked `concurrent` (they
-# assert no timing) two at a time, a module per worker. Together: every test, once (tests/tiers.py).
+# The tiers without real processes over every core (as in `make check`); then the e2e tests marked `concurrent` (they
+# assert no timing) two at a time, a module per worker; the rest one at a time (their timings are real: two at once
+# would measure each other). Together: every test, once (tests/tiers.py; RELAY_TEST_TIERS=beside runs the concurrent
+# tier beside the timed one, in a low-weight CPU cgroup: an experiment, not yet reliable).
 test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .

@@ -1,5 +1,6 @@
-"""`make test`'s pytest tiers, run so that both cores stay busy without the timed tests being measured against the
-others: ``python -m tests.tiers``.
+"""`make test`'s pytest tiers: ``python -m tests.tiers``. By default one after the other: the tiers without real
+processes, the e2e tests marked ``concurrent``, then the timed e2e tests. With ``RELAY_TEST_TIERS=beside`` (an
+experiment, not yet reliable: see ``BESIDE``), the concurrent tier runs beside the timed one, as below.
 
 First the tiers without real processes, alone, over every core (``-n auto``). Then the e2e tests that measure time,
 one at a time, in the foreground: they leave most of the machine idle (they wait on grace timers, restarts and
@@ -102,12 +103,24 @@ def _announce(argv: list[str]) -> None:
     print(f"$ {' '.join(argv[2:])}", flush=True)
 
 
+# Opt-in (RELAY_TEST_TIERS=beside): in one of two clean-clone runs so, the concurrent tier failed even at a low
+# weight (a one-second bound in test_rest, a `relay dev` slower to stop than its test allows). Off, the tiers run one
+# after the other, as `make test` always did.
+BESIDE = os.environ.get("RELAY_TEST_TIERS") == "beside"
+
+
+@contextlib.contextmanager
+def _no_group() -> Iterator[None]:
+    yield None
+
+
 def main() -> int:
     _announce(FAST)
     fast = subprocess.call(FAST)
-    with background_cgroup() as group:
+    with background_cgroup() if BESIDE else _no_group() as group:
         if group is None:
-            print("tests.tiers: no CPU cgroup can be made here; the e2e tiers run one after the other", flush=True)
+            if BESIDE:
+                print("tests.tiers: no CPU cgroup can be made here; the e2e tiers run one after the other", flush=True)
             _announce(CONCURRENT)
             concurrent = subprocess.call(CONCURRENT)
             _announce(TIMED)
