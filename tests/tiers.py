@@ -35,6 +35,10 @@ PYTEST = [sys.executable, "-m", "pytest", "-q"]
 FAST = [*PYTEST, "-m", "not e2e", "-n", "auto", "tests/unit", "tests/workflows", "tests/api"]
 CONCURRENT = [*PYTEST, "-m", "e2e and concurrent", "-n", "2", "--dist", "loadfile", "--durations=10"]
 TIMED = [*PYTEST, "-m", "e2e and not concurrent", "--durations=25"]
+# Opt-in (RELAY_TEST_TIERS=beside): in one of two clean-clone runs so, the concurrent tier failed even at a low
+# weight (a one-second bound in test_rest, a `relay dev` slower to stop than its test allows). Off, the tiers run one
+# after the other, as `make test` always did.
+BESIDE = os.environ.get("RELAY_TEST_TIERS") == "beside"
 # Where a cpu controller may be mounted: cgroup v1's own hierarchy, or the unified one (v2).
 CPU_HIERARCHIES = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))
 # The background group's weight, an eighth of the default: v1's cpu.shares (default 1024), v2's cpu.weight (100).
@@ -103,45 +107,47 @@ def _announce(argv: list[str]) -> None:
     print(f"$ {' '.join(argv[2:])}", flush=True)
 
 
-# Opt-in (RELAY_TEST_TIERS=beside): in one of two clean-clone runs so, the concurrent tier failed even at a low
-# weight (a one-second bound in test_rest, a `relay dev` slower to stop than its test allows). Off, the tiers run one
-# after the other, as `make test` always did.
-BESIDE = os.environ.get("RELAY_TEST_TIERS") == "beside"
+def _one_after_another() -> tuple[int, int]:
+    """The concurrent e2e tier, then the timed one; their exit statuses."""
+    _announce(CONCURRENT)
+    concurrent = subprocess.call(CONCURRENT)
+    _announce(TIMED)
+    return concurrent, subprocess.call(TIMED)
 
 
-@contextlib.contextmanager
-def _no_group() -> Iterator[None]:
-    yield None
+def _beside(group: Path) -> tuple[int, int]:
+    """The concurrent e2e tier in ``group``, beside the timed one; its output printed after the timed tier's; their
+    exit statuses."""
+    print(f"tests.tiers: the concurrent e2e tier runs beside the timed one, in the low-weight cgroup {group}; its "
+          "output follows the timed tier's", flush=True)
+    with tempfile.TemporaryFile() as log:
+        beside = subprocess.Popen(_in_group(group, CONCURRENT), stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL)
+        try:
+            _announce(TIMED)
+            timed = subprocess.call(TIMED)
+            concurrent = beside.wait()
+        finally:
+            if beside.poll() is None:  # interrupted: pytest stops what its tests started
+                beside.send_signal(signal.SIGINT)
+                beside.wait()
+        log.seek(0)
+        _announce(CONCURRENT)
+        sys.stdout.buffer.write(log.read())
+    return concurrent, timed
 
 
 def main() -> int:
+    """Every tier, each run even when one before it failed; non-zero if any failed."""
     _announce(FAST)
     fast = subprocess.call(FAST)
-    with background_cgroup() if BESIDE else _no_group() as group:
-        if group is None:
+    with background_cgroup() if BESIDE else contextlib.nullcontext() as group:
+        if group is not None:
+            concurrent, timed = _beside(group)
+        else:
             if BESIDE:
                 print("tests.tiers: no CPU cgroup can be made here; the e2e tiers run one after the other", flush=True)
-            _announce(CONCURRENT)
-            concurrent = subprocess.call(CONCURRENT)
-            _announce(TIMED)
-            timed = subprocess.call(TIMED)
-        else:
-            with tempfile.TemporaryDirectory(prefix="relay-tiers-") as tmp, open(Path(tmp) / "log", "w+b") as log:
-                print(f"tests.tiers: the concurrent e2e tier runs beside the timed one, in the low-weight cgroup "
-                      f"{group}; its output follows the timed tier's", flush=True)
-                beside = subprocess.Popen(_in_group(group, CONCURRENT), stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL)
-                try:
-                    _announce(TIMED)
-                    timed = subprocess.call(TIMED)
-                    concurrent = beside.wait()
-                finally:
-                    if beside.poll() is None:  # interrupted: pytest stops what its tests started
-                        beside.send_signal(signal.SIGINT)
-                        beside.wait()
-                log.seek(0)
-                _announce(CONCURRENT)
-                sys.stdout.buffer.write(log.read())
+            concurrent, timed = _one_after_another()
     print(f"tests.tiers: exit statuses: not e2e {fast}, e2e concurrent {concurrent}, e2e timed {timed}", flush=True)
     return 1 if fast or concurrent or timed else 0
 

@@ -3,11 +3,15 @@ where the kernel made one."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests import tiers
+from tests.support import starts_processes
 
 
 def _marks(argv: list[str]) -> str:
@@ -60,3 +64,37 @@ def test_a_group_gets_an_eighth_of_the_weight_and_goes_after(tmp_path: Path, mon
         assert (group / control).read_text() == f"{weight}\n"
         assert [p.name for p in group.iterdir()] == [control]  # the other weight file was not made
     assert [p.name for p in tmp_path.iterdir()] == ["cgroup.procs"]
+
+
+def _tier(name: str, code: int) -> list[str]:
+    """A stand-in tier: ``python -c`` printing its name, exiting ``code`` (``argv[2:]`` is what is announced)."""
+    return [sys.executable, "-c", f"print('ran {name}'); raise SystemExit({code})"]
+
+
+@starts_processes
+@pytest.mark.parametrize("beside", [False, True])
+def test_every_tier_runs_and_any_failure_fails_the_run(beside: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                       capfd: pytest.CaptureFixture[str]) -> None:
+    """A failing tier does not stop the others; the run fails. Beside: the concurrent tier runs in the group (a plain
+    directory stands in for the cgroup: the shell writes its pid into its cgroup.procs) and its output comes after
+    the timed tier's."""
+    monkeypatch.setattr(tiers, "FAST", _tier("fast", 1))
+    monkeypatch.setattr(tiers, "CONCURRENT", _tier("concurrent", 0))
+    monkeypatch.setattr(tiers, "TIMED", _tier("timed", 0))
+    monkeypatch.setattr(tiers, "BESIDE", beside)
+
+    @contextlib.contextmanager
+    def fake_group() -> Iterator[Path]:
+        yield tmp_path
+
+    monkeypatch.setattr(tiers, "background_cgroup", fake_group)
+    assert tiers.main() == 1
+    out = capfd.readouterr().out
+    ran = [line for line in out.splitlines() if line.startswith("ran ")]
+    assert ran == (["ran fast", "ran timed", "ran concurrent"] if beside else
+                   ["ran fast", "ran concurrent", "ran timed"])
+    assert "exit statuses: not e2e 1, e2e concurrent 0, e2e timed 0" in out
+    assert (tmp_path / "cgroup.procs").exists() == beside
+
+    monkeypatch.setattr(tiers, "FAST", _tier("fast", 0))
+    assert tiers.main() == 0
