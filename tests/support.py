@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 VENV_BIN = Path(sys.executable).parent
@@ -199,8 +200,16 @@ def running_relay(data_dir: Path, **overrides: str) -> Iterator[Relay]:
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        began = time.monotonic()
+        code = started.process.stop(timeout=STOP_GRACE)
+        took = time.monotonic() - began
+        assert code == 0, f"exit {code} {took:.1f} s after SIGTERM; {started.process.output()[-3000:]}"
+
+
+# How long a `relay dev` that served a whole test module or session gets to stop gracefully: its worker's activities
+# in flight get 15 s (worker.build_worker), its gateway's signals in flight 10 s (Gateway.drain), side by side; on a
+# loaded machine (the concurrent tier beside the timed one) one such stop took over 20 s.
+STOP_GRACE = 45.0
 
 
 @pytest.fixture(scope="session")
@@ -227,9 +236,10 @@ def ready(url: str, *, timeout: float = 2) -> bool:
 
 @contextlib.contextmanager
 def play_executor(relay: Relay, app: str, executor_id: str, *, version: str = "v1",
-                  metadata: dict[str, str] | None = None) -> Iterator[ClientConnection]:
-    """A raw WebSocket client playing an executor: answers the server's ``executor_info``, then idles."""
-    with connect(f"{relay.ws_url}websocket/{app}/{relay.key}") as ws:
+                  metadata: dict[str, str] | None = None, key: str | None = None) -> Iterator[ClientConnection]:
+    """A raw WebSocket client playing an executor (on ``key``, else the relay's own): answers the server's
+    ``executor_info``, then idles."""
+    with connect(f"{relay.ws_url}websocket/{app}/{key or relay.key}") as ws:
         request = json.loads(ws.recv(timeout=10))
         assert request["type"] == "executor_info"
         ws.send(json.dumps({"type": "executor_info", "request_id": request["request_id"],
@@ -237,6 +247,16 @@ def play_executor(relay: Relay, app: str, executor_id: str, *, version: str = "v
                             "language": "python", "dbos_version": "3.2.0", "executor_metadata": metadata,
                             "error_message": None}))
         yield ws
+
+
+def closed_with(ws: ClientConnection, *, within: float) -> int:
+    """Wait up to ``within`` seconds for the server to close the socket; returns its close code."""
+    deadline = time.monotonic() + within
+    with contextlib.suppress(ConnectionClosed, TimeoutError):
+        while time.monotonic() < deadline:
+            ws.recv(timeout=max(deadline - time.monotonic(), 0.01))
+    assert ws.close_code is not None, f"socket still open after {within}s"
+    return ws.close_code
 
 
 def start_temporal(data_dir: Path, *extra: str) -> tuple[Process, str]:
