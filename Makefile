@@ -13,9 +13,11 @@ unexport PYTHONDONTWRITEBYTECODE
 $(PY):
 	python3 -m venv $(VENV)
 
+# uv installs what pip would (the same versions, compared), in 7 s where pip takes 45 s on a clean clone; pip
+# still does where uv cannot (an index only pip is configured for).
 $(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,test]'
+	$(PY) -m pip install --quiet 'uv>=0.5'
+	$(VENV)/bin/uv pip install --python $(PY) --quiet -e '.[dev,test]' || $(PY) -m pip install --quiet -e '.[dev,test]'
 	touch $(STAMP)
 
 run: $(STAMP)
@@ -65,13 +67,12 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
-# The tiers without real processes over every core (as in `make check`); then the e2e tests marked `concurrent` (they
-# assert no timing) two at a time, a module per worker; the rest one at a time (their timings are real: two at once
-# would measure each other). Together: every test, once (tests/tiers.py; RELAY_TEST_TIERS=beside runs the concurrent
-# tier beside the timed one, in a low-weight CPU cgroup: an experiment, not yet reliable).
+# ruff, then tests/tiers.py: mypy beside the tiers without real processes (over every core, as in `make check`); then
+# the timed e2e tests one at a time (their timings are real) beside the e2e tests marked `concurrent` (they assert no
+# timing), two at a time, a module per worker. Each background run in a low-weight CPU cgroup; where none can be made,
+# or with RELAY_TEST_TIERS=sequential, one after the other. Together: every test, once.
 test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy .
 	$(PY) -m tests.tiers
 
 # One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python` (tests/e2e/test_sdks.py for that

@@ -1,22 +1,24 @@
-"""`make test`'s pytest tiers: ``python -m tests.tiers``. By default one after the other: the tiers without real
-processes, the e2e tests marked ``concurrent``, then the timed e2e tests. With ``RELAY_TEST_TIERS=beside`` (an
-experiment, not yet reliable: see ``BESIDE``), the concurrent tier runs beside the timed one, as below.
+"""`make test`'s type check and pytest tiers, after ruff: ``python -m tests.tiers``. Two pairs, each a foreground
+run with a background one beside it in a CPU cgroup of low weight (an eighth of any other session's):
 
-First the tiers without real processes, alone, over every core (``-n auto``). Then the e2e tests that measure time,
-one at a time, in the foreground: they leave most of the machine idle (they wait on grace timers, restarts and
-timeouts; about 40 % of two cores, measured). Beside them, in a CPU cgroup of low weight (an eighth of any other
-session's), the e2e tests marked ``concurrent`` (they assert no timing), two at a time: they take what the timed
-tests leave, and where both want a core the timed tests get eight parts in nine or more.
+- the tiers without real processes over every core (``-n auto``), with mypy beside them;
+- then the e2e tests that measure time, one at a time, with the e2e tests marked ``concurrent`` (they assert no
+  timing) beside them, two at a time.
+
+Neither foreground run keeps the machine busy: the timed e2e tests wait on grace timers, restarts and timeouts (about
+40 % of two cores, measured), and the fast tiers on the time-skipping server (about 65 %). The background takes what
+they leave, and where both want a core the foreground gets eight parts in nine or more.
 
 A low weight, not an idle group (``cpu.idle``): idle, the concurrent tests' processes were starved for whole seconds
 whenever the timed tier was busiest, and a Relay starved that long is rightly seen as away (a grace extended for a
 late gateway heartbeat, a peer's socket dropped for a late pong): two database-outage tests failed so. For the same
-reason the tiers without real processes never run beside the timed tier: two workers of theirs keep both cores busy,
-and in the background they missed their own wall-clock bounds (the time-skipping server's RPC timeouts).
+reason the tiers without real processes never run in the background: there they missed their own wall-clock bounds
+(the time-skipping server's RPC timeouts). And a test that bounds a time is not marked ``concurrent``.
 
 The group needs a cgroup ``cpu`` controller this process may write (root, or a delegated subtree); where there is
-none, the e2e tiers run one after the other instead, as they did before. The concurrent tier's output is kept in a
-file and printed after the timed tier's; the exit status is non-zero if any tier failed.
+none, or with ``RELAY_TEST_TIERS=sequential``, everything runs one after the other instead: mypy, the fast tiers,
+the concurrent tier, the timed one. A background run's output is kept in a file and printed after its foreground's;
+the exit status is non-zero if anything failed.
 """
 
 from __future__ import annotations
@@ -32,13 +34,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 PYTEST = [sys.executable, "-m", "pytest", "-q"]
+MYPY = [sys.executable, "-m", "mypy", "."]
 FAST = [*PYTEST, "-m", "not e2e", "-n", "auto", "tests/unit", "tests/workflows", "tests/api"]
 CONCURRENT = [*PYTEST, "-m", "e2e and concurrent", "-n", "2", "--dist", "loadfile", "--durations=10"]
 TIMED = [*PYTEST, "-m", "e2e and not concurrent", "--durations=25"]
-# Opt-in (RELAY_TEST_TIERS=beside): in one of two clean-clone runs so, the concurrent tier failed even at a low
-# weight (a one-second bound in test_rest, a `relay dev` slower to stop than its test allows). Off, the tiers run one
-# after the other, as `make test` always did.
-BESIDE = os.environ.get("RELAY_TEST_TIERS") == "beside"
+# RELAY_TEST_TIERS=sequential: one after the other, as `make test` ran before (and does where no cgroup can be made).
+BESIDE = os.environ.get("RELAY_TEST_TIERS") != "sequential"
 # Where a cpu controller may be mounted: cgroup v1's own hierarchy, or the unified one (v2).
 CPU_HIERARCHIES = (Path("/sys/fs/cgroup/cpu"), Path("/sys/fs/cgroup"))
 # The background group's weight, an eighth of the default: v1's cpu.shares (default 1024), v2's cpu.weight (100).
@@ -107,49 +108,50 @@ def _announce(argv: list[str]) -> None:
     print(f"$ {' '.join(argv[2:])}", flush=True)
 
 
-def _one_after_another() -> tuple[int, int]:
-    """The concurrent e2e tier, then the timed one; their exit statuses."""
-    _announce(CONCURRENT)
-    concurrent = subprocess.call(CONCURRENT)
-    _announce(TIMED)
-    return concurrent, subprocess.call(TIMED)
+def _one_after_another(*tiers: list[str]) -> list[int]:
+    """Each tier in turn; their exit statuses."""
+    codes = []
+    for argv in tiers:
+        _announce(argv)
+        codes.append(subprocess.call(argv))
+    return codes
 
 
-def _beside(group: Path) -> tuple[int, int]:
-    """The concurrent e2e tier in ``group``, beside the timed one; its output printed after the timed tier's; their
-    exit statuses."""
-    print(f"tests.tiers: the concurrent e2e tier runs beside the timed one, in the low-weight cgroup {group}; its "
-          "output follows the timed tier's", flush=True)
+def _beside(group: Path, foreground: list[str], background: list[str]) -> tuple[int, int]:
+    """``background`` in ``group``, beside ``foreground``; its output printed after the foreground's; their exit
+    statuses (background, foreground)."""
+    print(f"tests.tiers: `{' '.join(background[2:])}` runs beside `{' '.join(foreground[2:])}`, in the low-weight "
+          f"cgroup {group}; its output follows", flush=True)
     with tempfile.TemporaryFile() as log:
-        beside = subprocess.Popen(_in_group(group, CONCURRENT), stdout=log, stderr=subprocess.STDOUT,
+        beside = subprocess.Popen(_in_group(group, background), stdout=log, stderr=subprocess.STDOUT,
                                   stdin=subprocess.DEVNULL)
         try:
-            _announce(TIMED)
-            timed = subprocess.call(TIMED)
-            concurrent = beside.wait()
+            _announce(foreground)
+            front = subprocess.call(foreground)
+            behind = beside.wait()
         finally:
             if beside.poll() is None:  # interrupted: pytest stops what its tests started
                 beside.send_signal(signal.SIGINT)
                 beside.wait()
         log.seek(0)
-        _announce(CONCURRENT)
+        _announce(background)
         sys.stdout.buffer.write(log.read())
-    return concurrent, timed
+    return behind, front
 
 
 def main() -> int:
     """Every tier, each run even when one before it failed; non-zero if any failed."""
-    _announce(FAST)
-    fast = subprocess.call(FAST)
     with background_cgroup() if BESIDE else contextlib.nullcontext() as group:
         if group is not None:
-            concurrent, timed = _beside(group)
+            types, fast = _beside(group, FAST, MYPY)
+            concurrent, timed = _beside(group, TIMED, CONCURRENT)
         else:
             if BESIDE:
-                print("tests.tiers: no CPU cgroup can be made here; the e2e tiers run one after the other", flush=True)
-            concurrent, timed = _one_after_another()
-    print(f"tests.tiers: exit statuses: not e2e {fast}, e2e concurrent {concurrent}, e2e timed {timed}", flush=True)
-    return 1 if fast or concurrent or timed else 0
+                print("tests.tiers: no CPU cgroup can be made here; the tiers run one after the other", flush=True)
+            types, fast, concurrent, timed = _one_after_another(MYPY, FAST, CONCURRENT, TIMED)
+    print(f"tests.tiers: exit statuses: mypy {types}, not e2e {fast}, e2e concurrent {concurrent}, e2e timed {timed}",
+          flush=True)
+    return 1 if types or fast or concurrent or timed else 0
 
 
 if __name__ == "__main__":

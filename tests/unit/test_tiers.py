@@ -75,9 +75,10 @@ def _tier(name: str, code: int) -> list[str]:
 @pytest.mark.parametrize("beside", [False, True])
 def test_every_tier_runs_and_any_failure_fails_the_run(beside: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
-    """A failing tier does not stop the others; the run fails. Beside: the concurrent tier runs in the group (a plain
-    directory stands in for the cgroup: the shell writes its pid into its cgroup.procs) and its output comes after
-    the timed tier's."""
+    """A failing tier does not stop the others; the run fails. Beside: mypy and the concurrent tier run in the group
+    (a plain directory stands in for the cgroup: the shell writes its pid into its cgroup.procs), each one's output
+    after that of the tier it ran beside."""
+    monkeypatch.setattr(tiers, "MYPY", _tier("mypy", 0))
     monkeypatch.setattr(tiers, "FAST", _tier("fast", 1))
     monkeypatch.setattr(tiers, "CONCURRENT", _tier("concurrent", 0))
     monkeypatch.setattr(tiers, "TIMED", _tier("timed", 0))
@@ -91,10 +92,12 @@ def test_every_tier_runs_and_any_failure_fails_the_run(beside: bool, tmp_path: P
     assert tiers.main() == 1
     out = capfd.readouterr().out
     ran = [line for line in out.splitlines() if line.startswith("ran ")]
-    assert ran == (["ran fast", "ran timed", "ran concurrent"] if beside else
-                   ["ran fast", "ran concurrent", "ran timed"])
-    assert "exit statuses: not e2e 1, e2e concurrent 0, e2e timed 0" in out
+    assert ran == (["ran fast", "ran mypy", "ran timed", "ran concurrent"] if beside else
+                   ["ran mypy", "ran fast", "ran concurrent", "ran timed"])
+    assert "exit statuses: mypy 0, not e2e 1, e2e concurrent 0, e2e timed 0" in out
     assert (tmp_path / "cgroup.procs").exists() == beside
 
     monkeypatch.setattr(tiers, "FAST", _tier("fast", 0))
     assert tiers.main() == 0
+    monkeypatch.setattr(tiers, "MYPY", _tier("mypy", 1))  # a type error fails the run too
+    assert tiers.main() == 1
