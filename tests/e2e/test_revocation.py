@@ -24,7 +24,7 @@ def _healthy(store: Store, app: str, executor_id: str) -> bool:
     return any(e.executor_id == executor_id and e.status.value == "HEALTHY" for e in store.list_executors("local", app))
 
 
-def _closes_within_a_second(relay: Relay, app: str, executor_id: str, key: str, change: Callable[[], None]) -> None:
+def _closes_within_a_second(relay: Relay, app: str, executor_id: str, key: str, change: Callable[[], object]) -> None:
     store = Store(make_engine(relay.db_url))
     try:
         with play_executor(relay, app, executor_id, key=key) as ws:
