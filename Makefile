@@ -84,11 +84,11 @@ test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
 # system packages, the tests spread over every core. The one-minute loop: property tests draw a fifth of their
-# examples (RELAY_TESTS=quick, tests/quick.py); `make test` runs the same tiers whole.
+# examples (RELAY_TESTS=quick, tests/quick.py); `make test` runs the same tiers whole. worksteal: tests/tiers.py, FAST.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
-	RELAY_TESTS=quick $(PY) -m pytest -q -m "not e2e" -n auto tests/unit tests/workflows tests/api
+	RELAY_TESTS=quick $(PY) -m pytest -q -m "not e2e" -n auto --dist worksteal tests/unit tests/workflows tests/api
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
