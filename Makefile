@@ -67,10 +67,10 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
-# ruff, then tests/tiers.py: mypy beside the tiers without real processes (over every core, as in `make check`); then
-# the timed e2e tests one at a time (their timings are real) beside the e2e tests marked `concurrent` (they assert no
-# timing), two at a time, a module per worker. Each background run in a low-weight CPU cgroup; where none can be made,
-# or with RELAY_TEST_TIERS=sequential, one after the other. Together: every test, once.
+# ruff, then tests/tiers.py: mypy beside the tiers without real processes (over every core, as in `make check`), in a
+# low-weight CPU cgroup; then the e2e tests marked `concurrent` (they assert no timing) two at a time, a module per
+# worker; then the rest one at a time (their timings are real). RELAY_TEST_TIERS=sequential: mypy first, without a
+# cgroup; RELAY_TEST_TIERS=beside: the concurrent tier beside the timed one (an experiment). Every test, once.
 test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.tiers

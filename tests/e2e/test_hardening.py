@@ -154,8 +154,10 @@ def test_e2e_a_wrong_key_flood_is_refused_quietly_and_a_new_key_works_at_once(se
         return await asyncio.gather(*(_executor_info(u) for u in urls))
 
     statuses = asyncio.run(flood())
-    # Only the database says a key is wrong (401); past the look-up budget the others are told to retry (503).
-    assert set(statuses) <= {401, 503} and 401 in statuses, statuses
+    # Only the database says a key is wrong (401); past the look-up budget the others are told to retry (503). On a
+    # slow machine some heads wait longer than this gateway's 0.5 s header timeout to be read, and are closed
+    # unanswered (0). None is let in.
+    assert set(statuses) <= {0, 401, 503} and 401 in statuses, statuses
     created = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--org", "local", "--name", "fresh"],
                              env={k: v for k, v in relay.env.items() if k != "RELAY_API_KEY"},
                              capture_output=True, text=True, check=True).stdout.strip()

@@ -72,17 +72,18 @@ def _tier(name: str, code: int) -> list[str]:
 
 
 @starts_processes
-@pytest.mark.parametrize("beside", [False, True])
-def test_every_tier_runs_and_any_failure_fails_the_run(beside: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+@pytest.mark.parametrize("layout", ["sequential", "default", "beside"])
+def test_every_tier_runs_and_any_failure_fails_the_run(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
-    """A failing tier does not stop the others; the run fails. Beside: mypy and the concurrent tier run in the group
-    (a plain directory stands in for the cgroup: the shell writes its pid into its cgroup.procs), each one's output
-    after that of the tier it ran beside."""
+    """A failing tier does not stop the others; the run fails. By default mypy runs in the group (a plain directory
+    stands in for the cgroup: the shell writes its pid into its cgroup.procs), its output after the fast tier's;
+    beside, the concurrent tier too, its output after the timed tier's."""
     monkeypatch.setattr(tiers, "MYPY", _tier("mypy", 0))
     monkeypatch.setattr(tiers, "FAST", _tier("fast", 1))
     monkeypatch.setattr(tiers, "CONCURRENT", _tier("concurrent", 0))
     monkeypatch.setattr(tiers, "TIMED", _tier("timed", 0))
-    monkeypatch.setattr(tiers, "BESIDE", beside)
+    monkeypatch.setattr(tiers, "BESIDE", layout != "sequential")
+    monkeypatch.setattr(tiers, "E2E_BESIDE", layout == "beside")
 
     @contextlib.contextmanager
     def fake_group() -> Iterator[Path]:
@@ -92,10 +93,11 @@ def test_every_tier_runs_and_any_failure_fails_the_run(beside: bool, tmp_path: P
     assert tiers.main() == 1
     out = capfd.readouterr().out
     ran = [line for line in out.splitlines() if line.startswith("ran ")]
-    assert ran == (["ran fast", "ran mypy", "ran timed", "ran concurrent"] if beside else
-                   ["ran mypy", "ran fast", "ran concurrent", "ran timed"])
+    assert ran == {"sequential": ["ran mypy", "ran fast", "ran concurrent", "ran timed"],
+                   "default": ["ran fast", "ran mypy", "ran concurrent", "ran timed"],
+                   "beside": ["ran fast", "ran mypy", "ran timed", "ran concurrent"]}[layout]
     assert "exit statuses: mypy 0, not e2e 1, e2e concurrent 0, e2e timed 0" in out
-    assert (tmp_path / "cgroup.procs").exists() == beside
+    assert (tmp_path / "cgroup.procs").exists() == (layout != "sequential")
 
     monkeypatch.setattr(tiers, "FAST", _tier("fast", 0))
     assert tiers.main() == 0
