@@ -131,3 +131,30 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _escape_surrogates(text: str) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+# RELAY_TEST_CPU=<dir>: each pytest process appends, per test, the CPU seconds it and the processes it started and
+# reaped took (setup, call and teardown, a module's teardown with its last test) and the wall seconds, to
+# <dir>/<pid>.tsv: where `make test`'s time goes, for the tiers' layout (tests/tiers.py). Off by default.
+CPU_LOG = os.environ.get("RELAY_TEST_CPU")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, reaped = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not CPU_LOG:
+        yield
+        return
+    import time
+
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    yield
+    cpu, wall = _cpu_seconds() - cpu, time.monotonic() - wall
+    with open(os.path.join(CPU_LOG, f"{os.getpid()}.tsv"), "a") as out:
+        out.write(f"{item.nodeid}\t{cpu:.2f}\t{wall:.2f}\n")

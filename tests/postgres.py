@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support import Relay, free_port, relay_env, start_relay, wait_until
+from tests.support import Relay, free_port, relay_env, start_relay, stop_cleanly, wait_until
 
 SUPERUSER = "relay"
 # Durability is not under test and an outage is a clean (fast) shutdown: skip the fsyncs, for speed.
@@ -162,5 +162,4 @@ def relay_on_postgres(cluster: PostgresCluster, data_dir: Path, **overrides: str
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        stop_cleanly(started)

@@ -200,10 +200,16 @@ def running_relay(data_dir: Path, **overrides: str) -> Iterator[Relay]:
     try:
         yield started
     finally:
-        began = time.monotonic()
-        code = started.process.stop(timeout=STOP_GRACE)
-        took = time.monotonic() - began
-        assert code == 0, f"exit {code} {took:.1f} s after SIGTERM; {started.process.output()[-3000:]}"
+        stop_cleanly(started)
+
+
+def stop_cleanly(relay: Relay) -> None:
+    """SIGTERM ``relay``'s process, give it ``STOP_GRACE`` to exit, and require exit status 0 (the failure says how
+    long it took)."""
+    began = time.monotonic()
+    code = relay.process.stop(timeout=STOP_GRACE)
+    took = time.monotonic() - began
+    assert code == 0, f"exit {code} {took:.1f} s after SIGTERM; {relay.process.output()[-3000:]}"
 
 
 # How long a `relay dev` that served a whole test module or session gets to stop gracefully: its worker's activities

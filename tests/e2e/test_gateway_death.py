@@ -42,6 +42,8 @@ HEARTBEAT_TIMEOUT = 2.0
 # A gateway known gone (here: its watch found it gone) is never probed again, so after its crash an executor it held
 # is DEAD this close to the end of its grace, and deleted this soon after DEAD: neither waits out a probe's timeout.
 GONE_GATEWAY_BOUND = 1.0
+# The heartbeat timeout of a gateway about to be restarted: its watch must not find it gone before the restart.
+RESTART_WINDOW = 60.0
 
 
 @pytest.fixture
@@ -254,7 +256,10 @@ def test_a_restarted_gateway_makes_its_predecessor_gone_and_a_stopped_one_retire
     env, _worker = cluster
     key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
                          capture_output=True, text=True, timeout=60).stdout.strip()
-    first = _gateway(env, tmp_path, key, "gateway-1.log")
+    # The first process's watch gets a heartbeat timeout far longer than a restart takes (a loaded machine took
+    # over 4 s to start the second), so it is the restart that makes the first gone, not the watch.
+    first = _gateway({**env, "RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS": str(RESTART_WINDOW)}, tmp_path, key,
+                     "gateway-1.log")
     try:
         [(first_queue, identity, gone)] = _gateway_rows(tmp_path)
         assert gone is None and f":{env['RELAY_PORT']}:" in identity
