@@ -24,19 +24,15 @@ import asyncio
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterator
-from datetime import timedelta
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
-import uvicorn
-from fastapi import FastAPI
 from temporalio.client import Client
 
 import worker
-from api.app import create_app
 from cli.devserver import TemporalDevServer
 from cli.worker_health import Polling, WorkerReadiness
-from core import metrics, units
+from core import metrics
 from core.errors import AuthError
 from core.models import open_engine
 from core.names import DEFAULT_ORG
@@ -50,53 +46,10 @@ from core.temporal import (
     start_client,
     temporal_connection,
 )
-from gateway.http_limits import http_protocol
-from gateway.runtime import Gateway
-from gateway.ws import executor_protocol, refusal_before_upgrade
 
 log = logging.getLogger("relay")
 T = TypeVar("T")
-# After its drain, how long `relay gateway` lets REST requests still in flight finish before uvicorn cancels them:
-# with the rest of its shutdown, the process is gone within about 10 s of the drain's end.
-GATEWAY_REQUESTS_GRACE = timedelta(seconds=5)
 
-
-class _Server(uvicorn.Server):
-    """uvicorn re-raises captured signals after shutting down; Relay handles them itself instead."""
-
-    app: FastAPI  # the gateway's app, for its ``Gateway`` once the lifespan has built it
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        yield
-
-    def gateway(self) -> Gateway | None:
-        """The running gateway; None before the lifespan has started it."""
-        gw: Gateway | None = getattr(self.app.state, "gateway", None)
-        return gw if self.started else None
-
-
-def _server(settings: Settings, client: Client, *, requests_grace: timedelta | None = None) -> _Server:
-    app = create_app(settings, client=client)
-    config = uvicorn.Config(
-        app,
-        host=settings.host,
-        port=settings.port,
-        http=http_protocol(header_timeout=settings.header_timeout,
-                           before_upgrade=refusal_before_upgrade(lambda: app.state.gateway)),
-        ws=executor_protocol(settings.executor_ping_wait, lambda: app.state.gateway),
-        ws_ping_interval=settings.server_ping_interval_secs,
-        ws_ping_timeout=None,
-        ws_per_message_deflate=settings.ws_permessage_deflate,
-        ws_max_size=settings.max_message_bytes,
-        log_level="info",
-        log_config=None,  # Relay's own logging (core.logs.configure): one format, RELAY_LOG_FORMAT, for every line
-        lifespan="on",
-        timeout_graceful_shutdown=None if requests_grace is None else units.timedelta_to_seconds(requests_grace),
-    )
-    server = _Server(config)
-    server.app = app
-    return server
 
 
 def _stop_on_signals(stop: asyncio.Event, *, now: asyncio.Event | None = None) -> None:
@@ -111,20 +64,6 @@ def _stop_on_signals(stop: asyncio.Event, *, now: asyncio.Event | None = None) -
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
-
-
-async def _serve_until(server: _Server, stop: asyncio.Event, *,
-                       drain: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Serve until ``stop``; then ``drain`` (while uvicorn still serves), then stop uvicorn."""
-    task = asyncio.create_task(server.serve())
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
-    try:
-        if drain is not None and not task.done():
-            await drain()
-    finally:  # a drain that failed still stops the server
-        server.should_exit = True
-        await task
 
 
 async def _unless_stopped(work: Coroutine[Any, Any, T], stop: asyncio.Event) -> T | None:
@@ -196,6 +135,8 @@ def _metrics(settings: Settings, *, registry: bool,
 
 
 async def dev(settings: Settings) -> None:
+    from cli import web  # the web stack: `relay worker` never loads it
+
     install_sdk_runtime(settings.temporal_metrics_address)
     stop = asyncio.Event()
     _stop_on_signals(stop)
@@ -211,7 +152,7 @@ async def dev(settings: Settings) -> None:
             return
         conn, client = temporal
         stack.enter_context(_metrics(settings, registry=True))
-        server = _server(settings, client)
+        server = web.server(settings, client)
         worker_task = asyncio.create_task(worker.run(settings, stop, client=client))
         ui = f"http://127.0.0.1:{settings.temporal_ui_port}" if settings.embedded_temporal else "(external Temporal)"
         where = "embedded dev server" if settings.embedded_temporal else "external"
@@ -220,12 +161,14 @@ async def dev(settings: Settings) -> None:
               f"  API docs:      http://{settings.host}:{settings.port}/docs\n"
               f"  Temporal:      {conn.describe()} ({where})\n"
               f"  Temporal UI:   {ui}\n  dev key:       {key}  (org {DEFAULT_ORG})", flush=True)
-        await _serve_until(server, stop)
+        await web.serve_until(server, stop)
         stop.set()
         await worker_task
 
 
 async def gateway(settings: Settings) -> None:
+    from cli import web
+
     install_sdk_runtime(settings.temporal_metrics_address)
     stop, now = asyncio.Event(), asyncio.Event()
     _stop_on_signals(stop, now=now)
@@ -233,7 +176,7 @@ async def gateway(settings: Settings) -> None:
     if temporal is None:
         return
     _, client = temporal
-    server = _server(settings, client, requests_grace=GATEWAY_REQUESTS_GRACE)
+    server = web.server(settings, client, requests_grace=web.GATEWAY_REQUESTS_GRACE)
 
     async def drain() -> None:
         gw = server.gateway()
@@ -241,7 +184,7 @@ async def gateway(settings: Settings) -> None:
             await gw.step_down(settings.shutdown_drain, now)
 
     with _metrics(settings, registry=False):
-        await _serve_until(server, stop, drain=drain)
+        await web.serve_until(server, stop, drain=drain)
 
 
 async def run_worker(settings: Settings) -> None:

@@ -20,7 +20,6 @@ from temporalio.client import Client
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import Worker
 
-from api.routes.health import database_unreachable
 from core.store import Store
 from workflows.contracts.common import SHARED_TASK_QUEUE
 
@@ -73,7 +72,7 @@ class WorkerReadiness:
             await self.client.service_client.check_health(timeout=READY_TEMPORAL_TIMEOUT)
         except Exception as err:  # unreachable, or no answer in time: the SDK's one-line message
             reasons.append(f"Temporal unreachable ({str(err) or type(err).__name__})")
-        if (database := await database_unreachable(self.store)) is not None:
+        if (database := await self.store.unreachable()) is not None:
             reasons.append(database)
         return reasons
 

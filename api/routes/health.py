@@ -3,16 +3,12 @@ not shutting down)."""
 
 from __future__ import annotations
 
-import asyncio
-from datetime import timedelta
-
 from fastapi import APIRouter
 
 from api.deps import GatewayDep
 from api.problems import responses
 from api.schemas import EXTENSION, Health
 from core.errors import ServiceUnavailableError
-from core.store import Store, outage
 
 router = APIRouter(tags=["Health"])
 
@@ -22,10 +18,6 @@ router = APIRouter(tags=["Health"])
 async def healthz() -> Health:
     """Liveness: the process serves. Readiness (Temporal, the database) is ``/readyz``."""
     return Health()
-
-
-# A database that does not answer a SELECT 1 within this long counts as unreachable for readiness.
-READY_DB_TIMEOUT = timedelta(seconds=2)
 
 
 @router.get("/readyz", operation_id="readyz", summary="Readiness check", responses=responses(503),
@@ -45,18 +37,8 @@ async def readyz(gateway: GatewayDep) -> Health:
                        f"({contact.reason}){fenced}")
     elif gateway.rejoining:
         reasons.append("rejoining: executor sockets refused until this gateway is watched again")
-    if (database := await database_unreachable(gateway.store)) is not None:
+    if (database := await gateway.store.unreachable()) is not None:
         reasons.append(database)
     if reasons:
         raise ServiceUnavailableError("; ".join(reasons))
     return Health()
-
-
-async def database_unreachable(store: Store) -> str | None:
-    """Why the database counts as unreachable for readiness, or None when it answers (the worker's ``/readyz``
-    asks the same)."""
-    try:
-        await asyncio.wait_for(asyncio.to_thread(store.ping), READY_DB_TIMEOUT.total_seconds())
-    except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason
-        return f"database unreachable ({outage(err) if not isinstance(err, TimeoutError) else 'no answer'})"
-    return None

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, bindparam, text
@@ -141,6 +142,10 @@ class _SerialThread:
                 future.set_exception(err)
 
 
+# A database that does not answer a SELECT 1 within this long counts as unreachable for readiness.
+READY_DB_TIMEOUT = timedelta(seconds=2)
+
+
 class StoreBase:
     """The engine and how async callers reach it; each part of ``Store`` (a mixin per concern) builds on this."""
 
@@ -174,3 +179,12 @@ class StoreBase:
         ``unavailable``). The pool's pre-ping replaces a connection that a restarted server dropped."""
         with self.engine.connect() as c:
             c.execute(text("SELECT 1"))
+
+    async def unreachable(self) -> str | None:
+        """Why the database counts as unreachable for readiness (``ping`` failed, or no answer within
+        ``READY_DB_TIMEOUT``), or None when it answers: the gateway's ``/readyz`` and the worker's ask the same."""
+        try:
+            await asyncio.wait_for(asyncio.to_thread(self.ping), READY_DB_TIMEOUT.total_seconds())
+        except Exception as err:  # any failure to answer is "not ready", with the driver's one-line reason
+            return f"database unreachable ({outage(err) if not isinstance(err, TimeoutError) else 'no answer'})"
+        return None

@@ -33,6 +33,7 @@ from core import metrics
 from core.models import make_engine
 from core.settings import Settings
 from core.store import Store, hash_key
+from core.store.base import StoreBase
 from gateway import runtime, ws
 from gateway import session as sm
 from gateway.admission import Admission
@@ -268,6 +269,8 @@ class FakeWorker:
 
 
 class DeadStore:
+    unreachable = StoreBase.unreachable  # the real readiness question, asked of this ping
+
     def ping(self) -> None:
         raise OperationalError("SELECT 1", {}, Exception("could not connect"))
 
