@@ -214,9 +214,14 @@ def test_a_refused_tls_setting_stops_worker_and_gateway_with_one_line(
         for name, process in processes.items():
             code = process.popen.wait(REFUSED_WITHIN - (time.monotonic() - started))
             lines = process.output().splitlines()
-            assert code == 1 and len(lines) == 1, (name, code, lines)
-            assert f"ERROR relay: cannot start: Temporal at {secured.address}: {cause}" in lines[0], lines
-            print(f"\n{case}, relay {name} after {time.monotonic() - started:.1f} s: {lines[0]}")
+            assert code == 1 and lines, (name, code, lines)
+            *retries, last = lines
+            # One line says why, without a traceback. Before it, on a loaded machine, an attempt that timed out
+            # ("operation was canceled") is rightly taken for an unreachable Temporal and retried, and says so.
+            assert all(f"WARNING relay: Temporal at {secured.address} is unreachable (" in line and "retrying" in line
+                       for line in retries), (name, retries, last)
+            assert f"ERROR relay: cannot start: Temporal at {secured.address}: {cause}" in last, (retries, last)
+            print(f"\n{case}, relay {name} after {time.monotonic() - started:.1f} s: {last}")
     finally:
         for process in processes.values():
             process.stop()
