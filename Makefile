@@ -68,9 +68,9 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
 # ruff, then tests/tiers.py: mypy beside the tiers without real processes (over every core, as in `make check`), in a
-# low-weight CPU cgroup; then the e2e tests marked `concurrent` (they assert no timing) two at a time, a module per
-# worker; then the rest one at a time (their timings are real). RELAY_TEST_TIERS=sequential: mypy first, without a
-# cgroup; RELAY_TEST_TIERS=beside: the concurrent tier beside the timed one (an experiment). Every test, once.
+# low-weight CPU cgroup; then the e2e tests one at a time (their timings are real) and, beside them in that group,
+# those marked `concurrent` (they assert no timing) two at a time, a module per worker. RELAY_TEST_TIERS=apart: the
+# concurrent tier first; RELAY_TEST_TIERS=sequential: everything one after the other, no cgroup. Every test, once.
 test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(VENV)/bin/ruff check .
 	$(PY) -m tests.tiers

@@ -4,6 +4,7 @@ where the kernel made one."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,18 +73,18 @@ def _tier(name: str, code: int) -> list[str]:
 
 
 @starts_processes
-@pytest.mark.parametrize("layout", ["sequential", "default", "beside"])
+@pytest.mark.parametrize("layout", ["sequential", "apart", "default"])
 def test_every_tier_runs_and_any_failure_fails_the_run(layout: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                        capfd: pytest.CaptureFixture[str]) -> None:
     """A failing tier does not stop the others; the run fails. By default mypy runs in the group (a plain directory
-    stands in for the cgroup: the shell writes its pid into its cgroup.procs), its output after the fast tier's;
-    beside, the concurrent tier too, its output after the timed tier's."""
+    stands in for the cgroup: the shell writes its pid into its cgroup.procs), its output after the fast tier's, and
+    the concurrent tier too, its output after the timed tier's; apart, the concurrent tier runs before the timed."""
     monkeypatch.setattr(tiers, "MYPY", _tier("mypy", 0))
     monkeypatch.setattr(tiers, "FAST", _tier("fast", 1))
     monkeypatch.setattr(tiers, "CONCURRENT", _tier("concurrent", 0))
     monkeypatch.setattr(tiers, "TIMED", _tier("timed", 0))
     monkeypatch.setattr(tiers, "BESIDE", layout != "sequential")
-    monkeypatch.setattr(tiers, "E2E_BESIDE", layout == "beside")
+    monkeypatch.setattr(tiers, "E2E_BESIDE", layout == "default")
 
     @contextlib.contextmanager
     def fake_group() -> Iterator[Path]:
@@ -94,8 +95,8 @@ def test_every_tier_runs_and_any_failure_fails_the_run(layout: str, tmp_path: Pa
     out = capfd.readouterr().out
     ran = [line for line in out.splitlines() if line.startswith("ran ")]
     assert ran == {"sequential": ["ran mypy", "ran fast", "ran concurrent", "ran timed"],
-                   "default": ["ran fast", "ran mypy", "ran concurrent", "ran timed"],
-                   "beside": ["ran fast", "ran mypy", "ran timed", "ran concurrent"]}[layout]
+                   "apart": ["ran fast", "ran mypy", "ran concurrent", "ran timed"],
+                   "default": ["ran fast", "ran mypy", "ran timed", "ran concurrent"]}[layout]
     assert "exit statuses: mypy 0, not e2e 1, e2e concurrent 0, e2e timed 0" in out
     assert (tmp_path / "cgroup.procs").exists() == (layout != "sequential")
 
@@ -103,3 +104,16 @@ def test_every_tier_runs_and_any_failure_fails_the_run(layout: str, tmp_path: Pa
     assert tiers.main() == 0
     monkeypatch.setattr(tiers, "MYPY", _tier("mypy", 1))  # a type error fails the run too
     assert tiers.main() == 1
+
+
+@pytest.mark.parametrize(("setting", "beside", "e2e_beside"), [
+    ("", True, True), ("apart", True, False), ("sequential", False, False)])
+def test_the_layout_is_read_from_relay_test_tiers(setting: str, beside: bool, e2e_beside: bool,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RELAY_TEST_TIERS", setting)
+    try:
+        reloaded = importlib.reload(tiers)
+        assert reloaded.BESIDE is beside and reloaded.E2E_BESIDE is e2e_beside
+    finally:
+        monkeypatch.undo()  # the environment as it was, and the module read from it again
+        importlib.reload(tiers)
