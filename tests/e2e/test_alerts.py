@@ -41,6 +41,7 @@ from tests.support import (
     healthy_answer,
     relay_env,
     start_relay,
+    stop_cleanly,
     wait_until,
     workflow_status,
 )
@@ -108,8 +109,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Itera
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        stop_cleanly(started)
 
 
 def _rule(relay: Relay, body: dict[str, Any], app: str = APP) -> str:
@@ -231,8 +231,7 @@ def relay_without_rounds(tmp_path_factory: pytest.TempPathFactory, receiver: Rec
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        stop_cleanly(started)
 
 
 def _answer_alerts(request: dict[str, object]) -> dict[str, object] | str | None:

@@ -30,6 +30,7 @@ from tests.support import (
     healthy_answer,
     relay_env,
     start_relay,
+    stop_cleanly,
     wait_until,
 )
 
@@ -48,8 +49,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        stop_cleanly(started)
 
 
 @pytest.fixture(scope="module")

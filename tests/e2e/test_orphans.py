@@ -18,7 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Relay, audit_rows_at, dbos_executor, relay_env, start_relay, wait_until, workflow_status
+from tests.support import (
+    Relay,
+    audit_rows_at,
+    dbos_executor,
+    relay_env,
+    start_relay,
+    stop_cleanly,
+    wait_until,
+    workflow_status,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 APP = "orphaned"
@@ -34,8 +43,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        stop_cleanly(started)
 
 
 def _owner(sys_db: Path, workflow_id: str) -> str | None:

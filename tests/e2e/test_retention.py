@@ -25,7 +25,17 @@ from temporalio.client import Client, ScheduleOverlapPolicy
 
 from tests.postgres import postgres_cluster, relay_on_postgres
 from tests.retention import app_result, pause_schedule, run_temporal, schedule_exists, trigger_round
-from tests.support import VENV_BIN, Process, Relay, audit_rows_at, play_executor, relay_env, start_relay, wait_until
+from tests.support import (
+    VENV_BIN,
+    Process,
+    Relay,
+    audit_rows_at,
+    play_executor,
+    relay_env,
+    start_relay,
+    stop_cleanly,
+    wait_until,
+)
 from workflows.contracts.retention import (
     RETENTION_SCHEDULE_ID,
     AppRetentionResult,
@@ -68,17 +78,12 @@ def rr(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
     with ExitStack() as stack:
         if request.param == "sqlite":
             relay = start_relay(data_dir, relay_env(data_dir, **settings))
-            stack.callback(_assert_stops_cleanly, relay)
+            stack.callback(stop_cleanly, relay)
         else:
             relay = stack.enter_context(relay_on_postgres(stack.enter_context(postgres_cluster()), data_dir,
                                                           **settings))
         pause_schedule(relay.temporal_address)
         yield RetentionRelay(relay, relay.temporal_address)
-
-
-def _assert_stops_cleanly(relay: Relay) -> None:
-    code = relay.process.stop()
-    assert code == 0, relay.process.output()[-3000:]
 
 
 def _configure(relay: Relay, app: str, **settings: int | None) -> None:

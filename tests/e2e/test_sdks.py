@@ -26,7 +26,7 @@ from tests.bench.common import Generator
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.retention import app_result, pause_schedule, trigger_round
 from tests.sdk import SDKS, Sdk, SystemDatabase, steps_by_pid
-from tests.support import Process, Relay, audit_rows_at, relay_env, start_relay, wait_recorded, wait_until
+from tests.support import Process, Relay, audit_rows_at, relay_env, start_relay, stop_cleanly, wait_recorded, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -61,8 +61,7 @@ def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
         pause_schedule(relay.temporal_address)
         yield relay
     finally:
-        code = relay.process.stop()
-        assert code == 0, relay.process.output()[-3000:]
+        stop_cleanly(relay)
 
 
 def _system_database(sdk: Sdk, tmp: Path, request: pytest.FixtureRequest) -> SystemDatabase:
@@ -296,8 +295,7 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
                   f"held: {sorted(held.values())} for {hold.total_seconds():.0f}s")
     finally:
         generator.stop()
-        code = relay.process.stop()
-        assert code == 0, relay.process.output()[-3000:]
+        stop_cleanly(relay)
 
 
 

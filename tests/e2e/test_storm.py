@@ -29,6 +29,7 @@ from tests.support import (
     registry_at,
     relay_env,
     start_relay,
+    stop_cleanly,
     wait_recorded,
     wait_until,
 )
@@ -50,8 +51,7 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     try:
         yield started
     finally:
-        code = started.process.stop()
-        assert code == 0, started.process.output()[-3000:]
+        stop_cleanly(started)
 
 
 def _register(relay: Relay, app: str, *, grace_secs: int) -> None:
