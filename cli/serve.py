@@ -51,7 +51,6 @@ log = logging.getLogger("relay")
 T = TypeVar("T")
 
 
-
 def _stop_on_signals(stop: asyncio.Event, *, now: asyncio.Event | None = None) -> None:
     """Set ``stop`` on SIGINT and SIGTERM. With ``now``, set that too on a SIGINT, or on a SIGTERM after the first:
     a stop that skips the gateway's drain."""
