@@ -5,8 +5,10 @@ the application given as an argument or as ``--app`` (``app_argument``), and one
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
+import ssl
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
@@ -74,12 +76,20 @@ def api_key(args: argparse.Namespace, settings: Settings) -> str | None:
     return (settings.api_key.get_secret_value() or None) if settings.api_key is not None else None
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS context (its CA bundle, ``SSL_CERT_FILE``), made once per process: loading the CA
+    bundle takes tens of milliseconds, and a client made without one would load it again."""
+    return httpx.create_ssl_context()
+
+
 class Api:
     """The REST API of one org, called with one key."""
 
     def __init__(self, url: str, key: str, org: str, *, timeout: float = 10.0) -> None:
         self.url, self.org = url.rstrip("/"), org
-        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Bearer {key}"})
+        self._client = httpx.Client(base_url=self.url, timeout=timeout, headers={"Authorization": f"Bearer {key}"},
+                                    verify=_tls())
 
     def call(self, method: str, path: str, *, body: Json = None, params: dict[str, Any] | None = None) -> Json:
         response = self._request(method, path, body=body, params=params)

@@ -23,7 +23,6 @@ from dbos._error import DBOSNonExistentWorkflowError
 
 from api.managed import BulkLimiter
 from cli import admin, common
-from cli.main import parser as cli_parser
 from core.errors import ExecutorsFailedError, NoExecutorError
 from core.settings import Settings
 from core.store import Candidates
@@ -42,6 +41,7 @@ from tests.api.test_compat import (
     assert_problem,
     conformance_errors,
 )
+from tests.cli_kit import parser as cli_parser
 from tests.transports import LoopASGITransport
 
 APP = "mgmt-app"

@@ -19,12 +19,12 @@ from temporalio.exceptions import ApplicationError
 
 from activities.alerts import AlertActivities
 from cli.alerts import rules_table
-from cli.main import parser
 from core import alerts
 from core.alerts import Observation, decide, may_fire, parse_metadata
 from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
+from tests.cli_kit import parser
 from workflows.contracts.alerts import Alert, OwnEvents, RuleState, RuleType, SendAlertWebhookInput, WebhookResult
 
 NOW = datetime(2026, 12, 1, 12, 0, 0, tzinfo=UTC)

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from cli import admin
-from cli.main import main, parser
+from cli.main import main
 from core.settings import Settings
+from tests.cli_kit import parser
 
 Run = Callable[..., tuple[str, str]]
 

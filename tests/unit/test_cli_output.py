@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from cli import admin, common, tables
-from cli.main import parser
 from core.settings import Settings
+from tests.cli_kit import parser
 
 SYSTEM = {"type": "system", "id": "system", "display": "Relay"}
 TERMINAL_WIDTH = tables.terminal_width

@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from cli import admin, common, workflows
-from cli.main import parser
 from core.settings import Settings
+from tests.cli_kit import parser
 from tests.support import starts_processes
 
 NOW = datetime(2026, 11, 30, 21, 43, 5, tzinfo=UTC)
