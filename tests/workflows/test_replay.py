@@ -11,11 +11,13 @@ other, so a mutation reaches the workflow wherever its code lives.
 from __future__ import annotations
 
 import ast
+import asyncio
+import functools
 import importlib.util
 import json
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -40,6 +42,7 @@ FIXTURES = sorted(HISTORIES.rglob("*.json"))  # the current recordings, and olde
 _BUDGET = re.compile(r"-signal-budget-(\d+)\b")
 
 
+@functools.cache  # decoding a fixture's JSON into protobuf takes ~15 ms; the mutants replay the same ones again
 def _history(path: Path) -> WorkflowHistory:
     return WorkflowHistory.from_json(path.stem, path.read_text())
 
@@ -62,13 +65,50 @@ async def _replay(path: Path, workflows: list[type], monkeypatch: pytest.MonkeyP
         if budget is not None:
             patch.setattr(budget_module, "SIGNAL_BUDGET", budget)
             sandboxed = False
+        [failure] = await _replay_in_lanes([path], workflows, sandboxed=sandboxed)
+    return failure
+
+
+# Replayers working at once: between two histories a replayer mostly waits on the SDK core, so four of them side
+# by side take the time of the Python work alone (102 fixtures: 17 s one by one, 7 s in four lanes).
+LANES = 4
+
+
+async def _replay_in_lanes(paths: list[Path], workflows: list[type], *, sandboxed: bool) -> list[Exception | None]:
+    """Replay every fixture, in ``LANES`` replayers at once, each replaying its share one history after another
+    (as a worker would); the failure of each, in the order of ``paths``. No lowered signal budget here."""
+    failures: list[Exception | None] = [None] * len(paths)
+
+    async def lane(share: list[int]) -> None:
         replayer = Replayer(
             workflows=workflows,
             data_converter=data_converter,
             workflow_runner=workflow_runner(data_converter) if sandboxed else UnsandboxedWorkflowRunner(),
         )
-        result = await replayer.replay_workflow(_history(path), raise_on_replay_failure=False)
-    return result.replay_failure
+
+        async def histories() -> AsyncIterator[WorkflowHistory]:
+            for n in share:
+                yield _history(paths[n])
+
+        async with replayer.workflow_replay_iterator(histories()) as results:
+            for n, result in zip(share, [r async for r in results], strict=True):
+                failures[n] = result.replay_failure
+
+    await asyncio.gather(*(lane(list(range(start, len(paths), LANES))) for start in range(min(LANES, len(paths)))))
+    return failures
+
+
+async def _replay_all(paths: list[Path], workflows: list[type], monkeypatch: pytest.MonkeyPatch,
+                      budget_module: ModuleType = lifecycle_base, *, sandboxed: bool = True
+                      ) -> dict[str, Exception | None]:
+    """Replay every fixture (those with a lowered signal budget one at a time, each with its budget); the failure
+    of each, or None, by file name relative to ``tests/histories``."""
+    plain = [p for p in paths if _signal_budget(p) is None]
+    failures = dict(zip(plain, await _replay_in_lanes(plain, workflows, sandboxed=sandboxed), strict=True))
+    for path in paths:
+        if path not in failures:
+            failures[path] = await _replay(path, workflows, monkeypatch, budget_module, sandboxed=sandboxed)
+    return {str(path.relative_to(HISTORIES)): failures[path] for path in paths}
 
 
 def test_every_scenario_has_its_fixtures() -> None:
@@ -80,12 +120,18 @@ def test_every_scenario_has_its_fixtures() -> None:
     assert types == {"ExecutorLifecycleWorkflow", "GatewayWorkflow", "RetentionWorkflow"}
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=[p.stem for p in FIXTURES])
-async def test_recorded_history_replays(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    failure = await _replay(path, [ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow], monkeypatch)
-    assert failure is None, (
-        f"{path.name} no longer replays: {failure!r}. Running workflows would fail the same way; guard the change "
-        "with workflow.patched (README: Changing a workflow)"
+# The current recordings, then each folder of older ones (a test each, so they spread over the xdist workers).
+FOLDERS = sorted({p.parent for p in FIXTURES}, key=lambda folder: (folder != HISTORIES, folder.name))
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: "current" if f == HISTORIES else f.name)
+async def test_recorded_history_replays(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = [p for p in FIXTURES if p.parent == folder]
+    failures = await _replay_all(paths, [ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow], monkeypatch)
+    broken = {name: failure for name, failure in failures.items() if failure is not None}
+    assert len(failures) == len(paths) and not broken, (
+        f"{', '.join(broken)} no longer replay: {broken!r}. Running workflows would fail the same way; guard the "
+        "change with workflow.patched (README: Changing a workflow)"
     )
 
 
@@ -217,7 +263,7 @@ async def test_a_changed_lifecycle_workflow_fails_replay(
     base, *_, copy = _load_copies(LIFECYCLE_MODULES, target, mutate, tmp_path, monkeypatch)
     workflows = [copy.ExecutorLifecycleWorkflow, GatewayWorkflow]
     # Unsandboxed: the sandbox would re-import the copy by name from a path it cannot see.
-    failures = {p.name: await _replay(p, workflows, monkeypatch, base, sandboxed=False) for p in MUTANT_FIXTURES}
+    failures = await _replay_all(MUTANT_FIXTURES, workflows, monkeypatch, base, sandboxed=False)
     caught = {name for name, failure in failures.items() if failure is not None}
     if mutate is unchanged:
         assert not caught, failures
@@ -230,10 +276,10 @@ async def test_a_changed_lifecycle_workflow_fails_replay(
 
 async def test_a_changed_gateway_workflow_fails_replay(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     [copy] = _load_copies((gateway_watch,), gateway_watch, timer_first, tmp_path, monkeypatch)
-    for path in GATEWAY_FIXTURES:
-        failure = await _replay(path, [ExecutorLifecycleWorkflow, copy.GatewayWorkflow], monkeypatch,
-                                sandboxed=False)
-        assert isinstance(failure, NondeterminismError), (path.name, failure)
+    failures = await _replay_all(GATEWAY_FIXTURES, [ExecutorLifecycleWorkflow, copy.GatewayWorkflow], monkeypatch,
+                                 sandboxed=False)
+    assert len(failures) == len(GATEWAY_FIXTURES) > 0
+    assert all(isinstance(failure, NondeterminismError) for failure in failures.values()), failures
 
 
 # -- what a new run writes ------------------------------------------------------------------------------------
