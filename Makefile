@@ -83,7 +83,7 @@ test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
 	$(PY) -m pytest -q -s --sdk=$(SDK) $(SDK_TESTS)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
-# system packages, the tests spread over every core. The one-minute loop: property tests draw a fifth of their
+# system packages, the tests spread over every core. The one-minute loop: property tests draw a tenth of their
 # examples (RELAY_TESTS=quick, tests/quick.py); `make test` runs the same tiers whole. worksteal: tests/tiers.py, FAST.
 check: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -24,7 +24,7 @@ from tests.quick import examples
 
 # No per-example deadline: a test is not a benchmark, and on a loaded two-core machine (xdist, e2e processes) an
 # example of a property test may take longer than Hypothesis's 200 ms without anything being wrong. Hypothesis's
-# 100 examples, a fifth of them in `make check`'s quick run (tests/quick.py).
+# 100 examples, a tenth of them in `make check`'s quick run (tests/quick.py).
 settings.register_profile("relay", deadline=None, max_examples=examples(100))
 settings.load_profile("relay")
 

@@ -30,7 +30,7 @@ from temporalio.workflow import NondeterminismError
 from core.temporal import data_converter
 from tests.histories.record import record, start_env
 from tests.histories.scenarios import SCENARIOS
-from tests.quick import QUICK
+from tests.quick import QUICK, sample
 from worker import workflow_runner
 from workflows import gateway_watch, lifecycle, lifecycle_base, recovery
 from workflows.gateway_watch import GatewayWorkflow
@@ -120,13 +120,15 @@ def test_every_scenario_has_its_fixtures() -> None:
     assert types == {"ExecutorLifecycleWorkflow", "GatewayWorkflow", "RetentionWorkflow"}
 
 
-# The current recordings, then each folder of older ones (a test each, so they spread over the xdist workers).
+# The current recordings, then each folder of older ones (a test each, so they spread over the xdist workers). In
+# `make check`'s quick run a third of each older folder's, `make test` every one (tests/quick.py).
 FOLDERS = sorted({p.parent for p in FIXTURES}, key=lambda folder: (folder != HISTORIES, folder.name))
 
 
 @pytest.mark.parametrize("folder", FOLDERS, ids=lambda f: "current" if f == HISTORIES else f.name)
 async def test_recorded_history_replays(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     paths = [p for p in FIXTURES if p.parent == folder]
+    paths = paths if folder == HISTORIES else sample(paths)  # the quick run: a third of the older recordings
     failures = await _replay_all(paths, [ExecutorLifecycleWorkflow, GatewayWorkflow, RetentionWorkflow], monkeypatch)
     broken = {name: failure for name, failure in failures.items() if failure is not None}
     assert len(failures) == len(paths) and not broken, (
