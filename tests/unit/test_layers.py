@@ -4,6 +4,7 @@ whether at module level or inside a function."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -31,10 +32,20 @@ def _sources(package: str) -> list[Path]:
     return [single] if single.exists() else sorted((ROOT / package).rglob("*.py"))
 
 
+def _nodes(path: Path) -> tuple[ast.AST, ...]:
+    """Every node of the file's syntax tree (``ast.walk``'s order)."""
+    return _walked(path.read_text(), str(path))
+
+
+@functools.cache  # the rules below walk every source file again: parsed and walked once per text
+def _walked(text: str, filename: str) -> tuple[ast.AST, ...]:
+    return tuple(ast.walk(ast.parse(text, filename=filename)))
+
+
 def _imported(path: Path) -> set[str]:
     """Top-level names of every module the file imports, wherever the import statement is."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             names.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -45,7 +56,7 @@ def _imported(path: Path) -> set[str]:
 def _modules(path: Path) -> set[str]:
     """Dotted names of every module the file imports from (Relay's and others)."""
     names: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _nodes(path):
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
@@ -114,7 +125,7 @@ def facade_violations(sources: list[Path]) -> list[str]:
     a module inside it."""
     found = []
     for path in sources:
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in _nodes(path):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
                      else [])
@@ -127,7 +138,7 @@ def string_signals(sources: list[Path]) -> list[str]:
     workflow's method or the contract's ``Signal`` name."""
     found = []
     for path in sources:
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in _nodes(path):
             if not isinstance(node, ast.Call):
                 continue
             literal = [a for a in node.args[:1] if isinstance(a, ast.Constant) and isinstance(a.value, str)]
@@ -161,7 +172,7 @@ def private_imports(sources: list[Path]) -> list[str]:
     submodules' names."""
     found = []
     for path in sources:
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        for node in _nodes(path):
             if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
                     and node.module.split(".")[0] in (*PRODUCT, "workflows")):
                 continue
@@ -219,7 +230,7 @@ def passed_through_violations(path: Path, passed: tuple[str, ...]) -> list[str]:
         return module == "workflows" or any(module == p or module.startswith(f"{p}.") for p in passed)
 
     found = [f"{path.name} imports {m}" for m in sorted(_modules(path)) if not allowed(m)]
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+    for node in _nodes(path):
         if isinstance(node, ast.ImportFrom) and node.module == "datetime":
             found += [f"{path.name} imports datetime.{a.name}" for a in node.names if a.name != "timedelta"]
     return found
