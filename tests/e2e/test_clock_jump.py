@@ -21,7 +21,9 @@ from tests.support import VENV_BIN, Process, Relay, audit_rows, healthy, relay_e
 pytestmark = pytest.mark.e2e
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
 GRACE = 4.0
-LATE_SLACK = 3.0
+# A jump mishandled would be off by two hours; lateness itself is the bench's (P4). A clean-clone run with the
+# concurrent tier beside saw DEAD 4.4 s after the grace (the disconnected signal 1.9 s, the fence's probe 2.4 s).
+LATE_SLACK = 8.0
 
 
 @pytest.fixture
