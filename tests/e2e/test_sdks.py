@@ -243,6 +243,7 @@ def test_retention_collects_old_finished_workflows_and_times_out_old_pending_one
 
 STORM_APP = "storm"
 STORM_WAVE = 150  # fake executors connected, then dropped, again and again
+STORM_WAVES = 10  # at least, however long a wave takes on a loaded machine: the gateway is kept busy
 SDK_PING_EVERY = timedelta(seconds=20)  # every SDK's client pings this often (PROTOCOL.md, "Keepalive")
 
 
@@ -275,7 +276,7 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
             _configure(relay, STORM_APP, executorTimeoutSecs=3600)
 
             began, waves, connected = time.monotonic(), 0, 0
-            while time.monotonic() - began < hold.total_seconds():
+            while time.monotonic() - began < hold.total_seconds() or waves < STORM_WAVES:
                 reply = generator.call("connect", url=f"{relay.ws_url}websocket/{STORM_APP}/{relay.key}",
                                        prefix=f"storm-{waves % 4}-", start=0, count=STORM_WAVE, timeout=60)
                 connected += reply["connected"]
@@ -290,7 +291,7 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
                 assert _operations(relay, f"held-{name}", executor_id) == ["executor.healthy"], name
             for process in started:
                 assert process.popen.poll() is None, process.output()[-2000:]
-            assert connected >= 10 * STORM_WAVE, connected  # the gateway was kept busy
+            assert connected >= 0.9 * waves * STORM_WAVE, (connected, waves)  # the handshakes went through
             print(f"\nconnect storm: {connected} handshakes in {elapsed:.0f}s ({connected / elapsed:.0f}/s); "
                   f"held: {sorted(held.values())} for {hold.total_seconds():.0f}s")
     finally:
