@@ -27,6 +27,16 @@ bearer = HTTPBearer(auto_error=False, scheme_name="ApiKeyAuth",
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
 
+async def given_key(credentials: Credentials) -> HTTPAuthorizationCredentials:
+    """401 for a call without a key, before the path is validated (as ``org_principal`` does for an app path)."""
+    if credentials is None:
+        raise AuthError("missing bearer token")
+    return credentials
+
+
+GivenKey = Annotated[HTTPAuthorizationCredentials, Depends(given_key)]
+
+
 # ``async``, though they do no I/O: FastAPI runs a plain ``def`` dependency on the thread pool, a hop per call.
 async def get_store(request: Request) -> Store:
     store: Store = request.app.state.store
@@ -76,14 +86,20 @@ async def app_principal(p: OrgPrincipal, appName: AppName) -> Principal:
 AppPrincipal = Annotated[Principal, Depends(app_principal)]
 
 
-async def app_access(request: Request, orgName: OrgName, appName: AppName, credentials: Credentials) -> AppAccess:
-    """``app_principal`` and the app's row (404 when it is not registered), with the app's management candidates,
-    read in one thread-pool hop: for the workflow-management routes, where that hop is a tenth of the latency."""
+async def authorized_app(store: Store, org: str, app: str, credentials: HTTPAuthorizationCredentials | None, *,
+                         with_candidates: bool = False, with_executors: bool = False) -> AppAccess:
+    """``app_principal`` and the app's row (404 when it is not registered), with what else the route reads of the
+    app (``Store.authorize_app``), in one thread-pool hop."""
     if credentials is None:
         raise AuthError("missing bearer token")
-    store: Store = request.app.state.store
-    return await run_in_threadpool(store.authorize_app, credentials.credentials, orgName, appName,
-                                  with_candidates=True)
+    return await run_in_threadpool(store.authorize_app, credentials.credentials, org, app,
+                                   with_candidates=with_candidates, with_executors=with_executors)
+
+
+async def app_access(request: Request, orgName: OrgName, appName: AppName, credentials: Credentials) -> AppAccess:
+    """``authorized_app`` with the app's management candidates: for the workflow-management routes, where a second
+    hop would be a tenth of the latency."""
+    return await authorized_app(request.app.state.store, orgName, appName, credentials, with_candidates=True)
 
 
 AppAccessDep = Annotated[AppAccess, Depends(app_access)]

@@ -16,14 +16,24 @@ from fastapi import APIRouter, Body, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from temporalio.service import RPCError, RPCStatusCode
 
-from api.deps import AppName, AppPrincipal, GatewayDep, OrgName, OrgPrincipal, StoreDep, source_ip
+from api.deps import (
+    AppName,
+    AppPrincipal,
+    GatewayDep,
+    GivenKey,
+    OrgName,
+    OrgPrincipal,
+    StoreDep,
+    authorized_app,
+    source_ip,
+)
 from api.problems import responses
 from api.routes import audit as api_audit
 from api.routes import tokens as api_tokens
 from api.schemas import Application, Executor, PatchAppInputBody, PutAppInputBody
 from core import models
 from core.errors import TemporalUnavailableError
-from core.store import Store, subject_of
+from core.store import subject_of
 from gateway import Gateway
 from workflows.contracts.common import ExecutorStatus, lifecycle_workflow_id
 from workflows.contracts.lifecycle import RemovedSignal
@@ -49,10 +59,6 @@ def _public(app: models.Application, executors: list[models.Executor]) -> Applic
     return Application.of(app, available=available, language=language)
 
 
-def _load(store: Store, org: str, name: str) -> Application:
-    return _public(store.get_app(org, name), store.list_executors(org, name))
-
-
 @router.get("/apps", operation_id="listApps", summary="List applications", tags=["Applications"],
             responses=responses(401, 403, 404, 422))
 async def list_apps(orgName: OrgName, p: OrgPrincipal, store: StoreDep) -> list[Application]:
@@ -63,8 +69,10 @@ async def list_apps(orgName: OrgName, p: OrgPrincipal, store: StoreDep) -> list[
 
 @router.get("/apps/{appName}", operation_id="getApp", summary="Get application", tags=["Applications"],
             responses=APP_ERRORS)
-async def get_app(orgName: OrgName, appName: AppName, _p: AppPrincipal, store: StoreDep) -> Application:
-    return await run_in_threadpool(_load, store, orgName, appName)
+async def get_app(orgName: OrgName, appName: AppName, credentials: GivenKey, store: StoreDep) -> Application:
+    access = await authorized_app(store, orgName, appName, credentials, with_executors=True)
+    assert access.executors is not None
+    return Application.of(access.app, available=access.executors.available, language=access.executors.language)
 
 
 @router.put("/apps/{appName}", operation_id="registerApp", summary="Register application", status_code=204,

@@ -13,16 +13,19 @@ from core.errors import ConflictError, ForbiddenError, NotFoundError
 from core.models import ApiKey, Application, AuditLog
 from core.store.base import KEY_PREFIX, Principal, StoreBase, app_row, check_key, hash_key
 from core.store.claims import Candidates, candidates_on
+from core.store.registry import AppExecutors, app_executors_on
 from core.units import utcnow
 
 
 @dataclass(frozen=True)
 class AppAccess:
-    """A key's access to one registered app, and (when asked for) the app's management candidates then."""
+    """A key's access to one registered app, and (when asked for) the app's management candidates or what getApp
+    says of its executors, read then."""
 
     principal: Principal
     app: Application
     candidates: Candidates | None = None
+    executors: AppExecutors | None = None
 
 
 _ANY_KEY_OF_ORG = select(ApiKey.id).where(ApiKey.org == bindparam("org")).limit(1)
@@ -71,15 +74,18 @@ class KeysStore(StoreBase):
         with self.engine.connect() as c:
             return _authorize_org(c, key, org)
 
-    def authorize_app(self, key: str, org: str, app: str, *, with_candidates: bool = False) -> AppAccess:
+    def authorize_app(self, key: str, org: str, app: str, *, with_candidates: bool = False,
+                      with_executors: bool = False) -> AppAccess:
         """``authorize_org``, then 403 a key not allowed for the app (before any 404 for it, so a restricted key
         cannot probe which apps exist), then 404 an unknown app: a REST call's whole check, on one connection with
         prepared statements (the hot path of workflow management: a third of ``authorize_org`` plus ``get_app``).
-        With ``with_candidates``, also the app's ``management_candidates``, on the same connection."""
+        With ``with_candidates``, also the app's ``management_candidates``, and with ``with_executors`` its
+        ``AppExecutors`` (getApp's whole read), on the same connection."""
         with self.engine.connect() as c:
             principal = _authorize_org(c, key, org)
             principal.require(app)
-            return AppAccess(principal, app_row(c, org, app), candidates_on(c, org, app) if with_candidates else None)
+            return AppAccess(principal, app_row(c, org, app), candidates_on(c, org, app) if with_candidates else None,
+                             app_executors_on(c, org, app) if with_executors else None)
 
     def create_token(self, *, org: str, name: str, apps: list[str] | None, subject: str,
                      source_ip: str) -> str:

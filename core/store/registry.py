@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import Connection, bindparam, exists
 from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
@@ -41,6 +42,29 @@ class BlockedRecovery:
     died_at: datetime
     blocked_at: datetime
     reason: str
+
+
+@dataclass(frozen=True)
+class AppExecutors:
+    """What getApp says of an app's executors: whether one is HEALTHY, and the language of the newest that named
+    one."""
+
+    available: bool
+    language: str | None
+
+
+_OF_APP = (col(Executor.org) == bindparam("org"), col(Executor.app) == bindparam("app"))
+_APP_EXECUTORS = sa_select(
+    exists().where(*_OF_APP, col(Executor.status) == bindparam("healthy")).label("available"),
+    sa_select(col(Executor.language)).where(*_OF_APP, col(Executor.language).is_not(None), col(Executor.language) != "")
+    .order_by(col(Executor.created_at).desc()).limit(1).scalar_subquery().label("language"),
+)
+
+
+def app_executors_on(c: Connection, org: str, app: str) -> AppExecutors:
+    """``AppExecutors`` in one statement on a connection the caller holds (no executor row is loaded)."""
+    row = c.execute(_APP_EXECUTORS, {"org": org, "app": app, "healthy": ExecutorStatus.HEALTHY}).one()
+    return AppExecutors(bool(row.available), row.language)
 
 
 def dead_executors(s: Session, org: str, app: str) -> list[str]:

@@ -127,3 +127,28 @@ def test_a_management_claim_left_behind_expires(store: Store) -> None:
     _executor(store, "p2", "v1", ExecutorStatus.HEALTHY)
     store.claim_for_management(org=ORG, app=APP, executor_id="p2", request_id="r2")
     assert _pick(store, "dead-1") == ("p1", False)  # p2's request counts, p1's stale one does not
+
+
+def test_get_apps_one_read_says_what_the_executor_list_says(store: Store) -> None:
+    """getApp reads ``available`` and ``language`` in one statement (``AppExecutors``); listApps computes them from
+    the executor rows. Both must agree: a HEALTHY executor makes the app available, and the language is the newest
+    executor's that named one."""
+    key = store.create_token(org=ORG, name="t", apps=None, subject="test", source_ip="")
+
+    def read() -> tuple[bool, str | None]:
+        executors = store.authorize_app(key, ORG, APP, with_executors=True).executors
+        assert executors is not None
+        return executors.available, executors.language
+
+    assert read() == (False, None)
+    for executor_id, language in (("a", "python"), ("b", None), ("c", "go"), ("d", "")):
+        store.record_status(org=ORG, app=APP, executor_id=executor_id, status=ExecutorStatus.DISCONNECTED,
+                            operation="test", event_key=f"{executor_id}/lang", connection_id=f"conn-{executor_id}",
+                            gateway_queue="relay-gateway-test", details={},
+                            info=ExecutorInfo(executor_id, application_version="v1", language=language))
+    assert read() == (False, "go")
+    _executor(store, "b", "v1", ExecutorStatus.HEALTHY)
+    assert read() == (True, "go")
+    rows = store.list_executors(ORG, APP)
+    assert read() == (any(e.status == ExecutorStatus.HEALTHY for e in rows),
+                      next(e.language for e in reversed(rows) if e.language))
