@@ -23,6 +23,9 @@ from workflows.contracts.management import ExecutorRequestInput, ExecutorRequest
 from workflows.contracts.retention import DispatchRetentionInput, RetentionReply
 
 HEARTBEAT_EVERY = timedelta(seconds=2)
+# The longest a probe holds its answer for ``answer_at``: the fence asks a few seconds ahead of a grace's end, so
+# a longer hold would be a bug, not a wait (the workflow bounds it as well: the probe's start-to-close timeout).
+MAX_PROBE_HOLD = timedelta(seconds=30)
 
 
 class HubActivities:
@@ -32,10 +35,20 @@ class HubActivities:
 
     @activity.defn(name=Activity.PROBE_GATEWAY)
     async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
-        """The fence's question: picked up at all, this gateway is alive; does it hold the executor's socket?"""
-        conn = self._hub.find(input.org, input.app, input.executor_id) if input.executor_id else None
+        """The fence's question: picked up at all, this gateway is alive; does it hold the executor's socket? With
+        ``answer_at``, it looks then (or as soon as the socket appears), holding the answer at most
+        ``MAX_PROBE_HOLD``."""
+        if not input.executor_id:
+            return ProbeGatewayReply(contact_for=self._contact_for())
+        if input.answer_at is None:
+            conn = self._hub.find(input.org, input.app, input.executor_id)
+        else:
+            # Both instants are Temporal's (the workflow's clock, the server's start time), so a gateway whose own
+            # clock is off still looks when the grace ends by Temporal's.
+            hold = min(input.answer_at - activity.info().started_time, MAX_PROBE_HOLD)
+            conn = await self._hub.arrival(input.org, input.app, input.executor_id, hold)
         return ProbeGatewayReply(connection=conn.signal if conn is not None else None,
-                                 contact_for=self._contact_for())
+                                 contact_for=self._contact_for(), held=input.answer_at is not None)
 
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:

@@ -128,6 +128,7 @@ class Hub:
         self._by_key: dict[str, set[Connection]] = {}
         self._by_app: dict[tuple[str, str], set[Connection]] = {}
         self._app_ids: dict[tuple[str, str], Counter[str]] = {}
+        self._awaited: dict[ConnectionKey, set[asyncio.Future[Connection]]] = {}  # ``arrival``'s waiters
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -142,6 +143,9 @@ class Hub:
         self._by_key.setdefault(conn.key_id, set()).add(conn)
         self._by_app.setdefault((conn.org, conn.app), set()).add(conn)
         self._app_ids.setdefault((conn.org, conn.app), Counter())[conn.app_id] += 1
+        for waiter in self._awaited.pop(key, ()):
+            if not waiter.done():
+                waiter.set_result(conn)
         return old
 
     def detach(self, conn: Connection) -> None:
@@ -170,6 +174,26 @@ class Hub:
 
     def find(self, org: str, app: str, executor_id: str) -> Connection | None:
         return self._connections.get((org, app, executor_id))
+
+    async def arrival(self, org: str, app: str, executor_id: str, within: timedelta) -> Connection | None:
+        """The executor's connection: the one held now, else the first attached ``within`` from now, else None."""
+        key = (org, app, executor_id)
+        conn = self._connections.get(key)
+        if conn is not None or within <= timedelta(0):
+            return conn
+        waiter: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        self._awaited.setdefault(key, set()).add(waiter)
+        try:
+            async with asyncio.timeout(within.total_seconds()):
+                return await waiter
+        except TimeoutError:
+            return self._connections.get(key)
+        finally:
+            waiters = self._awaited.get(key)
+            if waiters is not None:
+                waiters.discard(waiter)
+                if not waiters:
+                    del self._awaited[key]
 
     def connections(self) -> list[Connection]:
         return list(self._connections.values())

@@ -52,6 +52,10 @@ from workflows.management import ManagementRequestWorkflow
 
 log = logging.getLogger("relay.gateway")
 
+# The gateway's activities all wait on sockets or clocks, not CPU (a burst of deaths holds a fence probe per
+# executor until its grace ends): a slot each, many more than the SDK's default 100, so none waits for a slot
+# long enough to look like a gateway gone.
+MAX_CONCURRENT_ACTIVITIES = 2000
 SIGNAL_BACKOFF_INITIAL = timedelta(milliseconds=200)
 # Capped low: once Temporal is back, every held-back signal lands within about this long.
 SIGNAL_BACKOFF_MAX = timedelta(seconds=2)
@@ -149,7 +153,8 @@ class Gateway:
         # Its one workflow: management requests routed here by other gateway processes, run with their local
         # activity in this process.
         return Worker(self.client, task_queue=self.task_queue, workflows=[ManagementRequestWorkflow],
-                      activities=HubActivities(self.hub, self.contact_state.contact_for).all())
+                      activities=HubActivities(self.hub, self.contact_state.contact_for).all(),
+                      max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
 
     def contact(self) -> Contact:
         """The loop that checks Temporal; run it with ``contact().running()`` for the gateway's lifetime."""

@@ -255,10 +255,9 @@ class ExecutorSocket(LivenessProtocol):
                           session=session, send=self.send_text, key_id=joined.key_id, app_id=joined.app_id,
                           close=self.close_with, widen=self._widen_for(gw))
         self.executor = conn
-        superseded = gw.hub.attach(conn)
-        if superseded is not None:
-            await superseded.close(SUPERSEDED_CLOSE_CODE, "superseded by a newer connection")
-        signal = ConnectedSignal(
+        # The signal is the connection's before the hub holds it: a fence probe that finds the socket (or is woken
+        # by its arrival, ``Hub.arrival``) answers with it, even while the superseded socket is being closed.
+        conn.signal = signal = ConnectedSignal(
             connection_id=conn.connection_id, gateway_queue=gw.task_queue, signal_id=str(uuid.uuid4()),
             source_ip=source_ip, at=datetime.now(UTC),
             info=ExecutorInfo(
@@ -267,7 +266,9 @@ class ExecutorSocket(LivenessProtocol):
                 executor_metadata=info.executor_metadata,
             ),
         )
-        conn.signal = signal
+        superseded = gw.hub.attach(conn)
+        if superseded is not None:
+            await superseded.close(SUPERSEDED_CLOSE_CODE, "superseded by a newer connection")
         landed = await gw.signal_connected(org, app, signal)
         # `disconnected` must follow `connected`: a close while signalling is reported only now.
         self.registered = True

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -110,6 +111,13 @@ class FakeRelay:
     # probe_gateway on the executor's own gateway queue: answers popped first, then "alive, not held, in contact
     # for a day" (a gateway that saw the socket close and never lost Temporal).
     probe_replies: list[ProbeGatewayReply] = field(default_factory=list)
+    # probe_gateway: whether it holds an answer asked for ``answer_at`` (today's gateway) or answers at once (older).
+    held_answers: bool = True
+    # probe_gateway with ``answer_at``: hold the answer until then, as a gateway does, in wall time (time does not
+    # skip while an activity runs: up to ``FENCE_LEAD`` per death), so that the history has the commands a real
+    # gateway's leaves (the recorder). Otherwise the answer comes at once, "held", and the workflow waits out the
+    # rest of the grace on a timer of its own.
+    hold_probes: bool = False
     # admit_recovery: holds popped from here first, each "wait this long from when you asked, because <reason>";
     # then "go" (no pause, no storm).
     gate_holds: list[tuple[str, timedelta]] = field(default_factory=list)
@@ -179,7 +187,12 @@ class FakeRelay:
     async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
         await self._call(self.probes, input)
         await self._hold(Activity.PROBE_GATEWAY)
-        return self.probe_replies.pop(0) if self.probe_replies else ProbeGatewayReply(contact_for=timedelta(days=1))
+        if self.hold_probes and input.answer_at is not None:
+            await asyncio.sleep(max((input.answer_at - activity.info().started_time).total_seconds(), 0.0))
+        reply = self.probe_replies.pop(0) if self.probe_replies else ProbeGatewayReply(contact_for=timedelta(days=1))
+        # Today's gateway says it held the answer it was asked to hold (this one answers at once: as if the socket
+        # stayed away until then); an older one (``held_answers`` False) never does.
+        return dataclasses.replace(reply, held=self.held_answers and input.answer_at is not None)
 
     # -- database activities (shared queue) -------------------------------------------------------------------
 

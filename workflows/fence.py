@@ -25,17 +25,19 @@ GONE = (TimeoutType.SCHEDULE_TO_START, TimeoutType.START_TO_CLOSE)
 PROBE_RETRY = timedelta(seconds=1)
 
 
-async def probe(gateway_queue: str, input: ProbeGatewayInput, *, timeout: timedelta) -> ProbeGatewayReply | None:
+async def probe(gateway_queue: str, input: ProbeGatewayInput, *, timeout: timedelta,
+                hold: timedelta = timedelta(0)) -> ProbeGatewayReply | None:
     """The gateway's answer, or None when it is gone: it did not pick the probe up within ``timeout``, or picked it
     up and did not answer within ``timeout`` more (a gateway cut off by a partition that drops packets: its long
     polls still look open to the server, which hands them the probe). Either way it has lost contact with
     Temporal, and a gateway out of contact fences itself within ``RELAY_GATEWAY_FENCE_SECS``, which is shorter:
-    by the time it counts as gone it holds no socket. Any other failure (the task failed) is asked again."""
+    by the time it counts as gone it holds no socket. Any other failure (the task failed) is asked again.
+    ``hold``: how long the gateway may hold its answer (``input.answer_at``), on top of ``timeout``."""
     while True:
         try:
             return await workflow.execute_activity(
                 probe_gateway, input, task_queue=gateway_queue, retry_policy=RetryPolicy(maximum_attempts=1),
-                schedule_to_start_timeout=timeout, start_to_close_timeout=timeout,
+                schedule_to_start_timeout=timeout, start_to_close_timeout=timeout + hold,
                 summary=f"probe {gateway_queue}" + (f" for {input.executor_id}" if input.executor_id else ""),
             )
         except ActivityError as err:

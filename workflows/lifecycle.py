@@ -16,8 +16,9 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.lifecycle_base import FENCE_PATCH, GENERATION_1_PATCH, Removed
+from workflows.lifecycle_base import FENCE_AHEAD_PATCH, FENCE_PATCH, GENERATION_1_PATCH, GENERATION_2_PATCH, Removed
 from workflows.recovery import RecoverySteps
+from workflows.timing import FENCE_LEAD
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.common import (
@@ -58,7 +59,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
-        self._generation_1 = False  # set first thing in run()
+        self._generation_1 = self._generation_2 = False  # set first thing in run()
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -109,7 +110,9 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        self._generation_1 = workflow.patched(GENERATION_1_PATCH)
+        # A new run writes generation 2's marker only; a run started before it replays generation 1's (or none).
+        self._generation_2 = workflow.patched(GENERATION_2_PATCH)
+        self._generation_1 = self._generation_2 or workflow.patched(GENERATION_1_PATCH)
         try:
             if input.orphan is not None and input.state is None:
                 # Started by the orphan sweep (a first run only: a continued run carries its state). With
@@ -268,7 +271,8 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             state.unrecorded = None
 
     async def _grace_expired(self) -> bool:
-        """Record DISCONNECTED (once) and wait out the app's grace; True when no reconnect came in time."""
+        """Record DISCONNECTED (once) and wait out the app's grace, but for the fence's lead (``FENCE_AHEAD_PATCH``);
+        True when no reconnect came in time."""
         state = self._state
         if state.status != ExecutorStatus.DISCONNECTED or state.grace_deadline is None:
             grace = await self._db(get_executor_timeout, GetExecutorTimeoutInput(self._input.org, self._input.app))
@@ -284,7 +288,11 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             state.grace_deadline = workflow.now() + grace
             state.grace = grace
             self._describe("")
-        remaining = state.grace_deadline - workflow.now()
+        # The fence is asked ahead of the grace's end (``_confirm_gone`` holds its probe until then): a little less
+        # to wait here.
+        ahead = (min(FENCE_LEAD, state.grace / 2) if state.grace is not None else FENCE_LEAD) \
+            if self._patched(FENCE_AHEAD_PATCH) and self._patched(FENCE_PATCH) else timedelta(0)
+        remaining = state.grace_deadline - ahead - workflow.now()
         if remaining <= timedelta(0):
             return True
         try:
@@ -292,7 +300,8 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
                 lambda: state.connection is not None or state.unrecorded is not None or self._removed is not None
                 or self._should_continue_as_new(),
                 timeout=remaining,
-                timeout_summary=f"grace {remaining.total_seconds():g} s",
+                timeout_summary=f"grace {remaining.total_seconds():g} s"
+                                + (f", then the fence's last {ahead.total_seconds():g} s" if ahead else ""),
             )
         except TimeoutError:
             return True

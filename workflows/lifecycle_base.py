@@ -96,6 +96,17 @@ OWN_ALERTS_PATCH = "own-alerts-at-once"
 # an alert, and the alerts round starts any delivery nobody started.
 OWN_ALERT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5),
                               maximum_attempts=3)
+# From this patch on, the fence before DEAD is asked ahead of the grace's end (``timing.FENCE_LEAD``): the gateway
+# holds its answer until the grace ends (``ProbeGatewayInput.answer_at``), answering at once if the executor's socket
+# appears first, and a `connected` that lands meanwhile ends the wait. The probe's round trip (a workflow task, the
+# gateway's pick-up, another workflow task) then runs inside the grace instead of after it: in a burst of deaths that
+# round trip was most of DEAD's lateness. A gateway gone, or one that answered at once (older code), still has the
+# grace waited out; the latter is asked again then.
+FENCE_AHEAD_PATCH = "fence-ahead-of-grace-end"
+# From this patch on, a new run asks ``workflow.patched`` for this only: it has every patch of generation 1, and
+# the two after it (``PATCHES_IN_GENERATION_2``). A run with only generation 1's marker asks for those two itself.
+GENERATION_2_PATCH = "lifecycle-generation-2"
+PATCHES_IN_GENERATION_2 = PATCHES_IN_GENERATION_1 | {OWN_ALERTS_PATCH, FENCE_AHEAD_PATCH}
 
 
 class LifecycleBase:
@@ -107,6 +118,7 @@ class LifecycleBase:
     _removed: RemovedSignal | None
     _peer_hint: bool
     _generation_1: bool
+    _generation_2: bool
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -221,8 +233,10 @@ class LifecycleBase:
                                                retry_policy=DB_RETRY)
 
     def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched``, unless the run's generation already says (``GENERATION_1_PATCH``)."""
-        return (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id)
+        """``workflow.patched``, unless the run's generation already says (``GENERATION_2_PATCH``,
+        ``GENERATION_1_PATCH``)."""
+        return ((self._generation_2 and patch_id in PATCHES_IN_GENERATION_2)
+                or (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id))
 
     def _describe(self, note: str) -> None:
         """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""

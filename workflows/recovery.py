@@ -8,6 +8,7 @@ confirms it (``_dispatch_and_confirm``, ``_attempt``) and deletes the dead execu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from temporalio.workflow import ActivityHandle
 from workflows import fence, timing
 from workflows.lifecycle_base import (
     DB_RETRY,
+    FENCE_AHEAD_PATCH,
     FENCE_PATCH,
     GATE_PATCH,
     KNOWN_GONE_PATCH,
@@ -86,7 +88,18 @@ class RecoverySteps(LifecycleBase):
         state = self._state
         if self._back():
             return False  # a `connected` came with the timer
-        reply = await self._probe()
+        if self._patched(FENCE_AHEAD_PATCH):
+            asked = asyncio.ensure_future(self._probe_at_grace_end())
+            back = asyncio.ensure_future(workflow.wait_condition(self._back))
+            await workflow.wait([asked, back], return_when=asyncio.FIRST_COMPLETED)
+            if not asked.done():
+                asked.cancel()  # back before the grace ended: the answer no longer matters
+                asked.add_done_callback(lambda t: t.cancelled() or t.exception())
+                return False
+            back.cancel()
+            reply = asked.result()
+        else:
+            reply = await self._probe()
         if self._patched(REVIVAL_PATCH) and self._back():
             return False  # a `connected` landed while the probe was out: newer than whatever the probe says
         if reply is None:
@@ -109,15 +122,38 @@ class RecoverySteps(LifecycleBase):
             return False
         return True
 
-    async def _probe(self) -> ProbeGatewayReply | None:
-        """Ask the gateway that last held the executor about its socket; None when that gateway is gone (known gone,
-        or it did not pick the probe up within ``probe_timeout``) or was never known."""
+    async def _probe(self, *, at_grace_end: bool = False) -> ProbeGatewayReply | None:
+        """Ask the gateway that last held the executor about its socket (``at_grace_end``: as of the grace's end);
+        None when that gateway is gone (known gone, or it did not pick the probe up within ``probe_timeout``) or was
+        never known."""
         i, queue = self._input, self._state.gateway_queue
         if not queue:
             return None
         if self._patched(KNOWN_GONE_PATCH) and (await self._db(gateway_gone, GatewayGoneInput(queue))).gone:
             return None
-        return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id), timeout=i.probe_timeout)
+        answer_at = self._state.grace_deadline if at_grace_end else None
+        hold = max(answer_at - workflow.now(), timedelta(0)) if answer_at is not None else timedelta(0)
+        return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id, answer_at=answer_at),
+                                 timeout=i.probe_timeout, hold=hold)
+
+    async def _probe_at_grace_end(self) -> ProbeGatewayReply | None:
+        """The fence's probe, asked ahead of the grace's end (``FENCE_AHEAD_PATCH``): the gateway looks when the
+        grace ends, or answers when the socket appears. An answer that came sooner says nothing of the grace's end
+        (the gateway is gone or known gone, or is older code that answers at once): the grace is waited out, and an
+        older gateway asked again then. Never returns before the grace's end by this workflow's clock."""
+        deadline = self._state.grace_deadline
+        if deadline is None or deadline <= workflow.now():
+            return await self._probe()
+        self._describe(f"the fence: asking `{self._state.gateway_queue}` for its answer at the grace's end")
+        reply = await self._probe(at_grace_end=True)
+        if reply is not None and reply.connection is not None:
+            return reply  # the socket is back: no need to wait for the grace's end
+        left = deadline - workflow.now()
+        if left > timedelta(0):  # the gateway's clock ahead of Temporal's, or no held answer: the grace first
+            await workflow.sleep(left, summary="the rest of the grace")
+        if reply is not None and not reply.held:
+            return await self._probe()
+        return reply
 
     async def _still_gone(self) -> bool:
         """Right before a recovery request goes out: False (and recovery called off) when the executor is back."""

@@ -5,17 +5,23 @@ PostgreSQL (the executors' system database stays SQLite)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import sqlite3
 import sys
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from temporalio.api.enums.v1 import EventType
 
+from core.temporal import connect as temporal_connect
 from tests.postgres import postgres_cluster, relay_on_postgres
 from tests.sdk import steps_by_pid
 from tests.support import VENV_BIN, Process, Relay, play_executor, wait_until
+from workflows.contracts.common import Activity, lifecycle_workflow_id
 
 pytestmark = pytest.mark.e2e
 EXECUTOR_APP = Path(__file__).parents[1] / "executor_app.py"
@@ -118,3 +124,52 @@ def test_reconnect_within_grace_is_not_recovered(relay: Relay) -> None:
         assert relay.executors(app).get(executor_id) == "HEALTHY"
         ops = [op for op, ex in relay.audit(app) if ex == executor_id]
         assert ops == ["executor.healthy", "executor.disconnected", "executor.reconnected"], ops
+
+
+def _fence_probes(address: str, app: str, executor_id: str) -> list[tuple[float, dict[str, object]]]:
+    """(scheduled at, input) of every ``probe_gateway`` the executor's lifecycle workflow scheduled, in order."""
+    async def probes() -> list[tuple[float, dict[str, object]]]:
+        client = await temporal_connect(address, "default")
+        handle = client.get_workflow_handle(lifecycle_workflow_id("local", app, executor_id))
+        found = []
+        async for e in handle.fetch_history_events():
+            attrs = e.activity_task_scheduled_event_attributes
+            if (e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                    and attrs.activity_type.name == Activity.PROBE_GATEWAY):
+                found.append((e.event_time.ToDatetime(tzinfo=UTC).timestamp(),
+                              json.loads(attrs.input.payloads[0].data)))
+        return found
+
+    return asyncio.run(probes())
+
+
+def test_back_while_the_fence_holds_its_probe_is_healthy_not_dead(relay: Relay) -> None:
+    """The fence before DEAD asks the executor's gateway ahead of the grace's end to look when it ends; the gateway
+    holds the probe. The executor comes back on that gateway in the grace's last second, while the probe is held: it
+    is HEALTHY again, never DEAD, and nothing is recovered."""
+    app, executor_id, grace = "fence-ahead-e2e", "raw-executor-ahead", 6
+    with relay.api() as client:
+        assert client.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+        assert client.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace}).status_code == 204
+    with play_executor(relay, app, executor_id):
+        wait_until(lambda: relay.executors(app).get(executor_id) == "HEALTHY", timeout=10, what="HEALTHY")
+    wait_until(lambda: relay.executors(app).get(executor_id) == "DISCONNECTED", timeout=5, what="DISCONNECTED")
+    wait_until(lambda: _fence_probes(relay.temporal_address, app, executor_id), timeout=grace + 5, interval=0.1,
+               what="the fence's probe out")
+    [(asked_at, asked)] = _fence_probes(relay.temporal_address, app, executor_id)
+    answer_at = asked.get("answer_at")
+    assert isinstance(answer_at, str), asked  # a probe held for the grace's end
+    grace_ends = datetime.fromisoformat(answer_at).timestamp()
+    with play_executor(relay, app, executor_id):
+        back = time.time()
+        assert back < grace_ends, f"back {back - grace_ends:.2f} s after the grace: the probe went out too late"
+        wait_until(lambda: "executor.reconnected" in [op for op, ex in relay.audit(app) if ex == executor_id],
+                   timeout=10, what="reconnected")
+        time.sleep(max(0.0, grace_ends + 2 - time.time()))  # past the grace the probe was held for
+        assert relay.executors(app).get(executor_id) == "HEALTHY"
+        ops = [op for op, ex in relay.audit(app) if ex == executor_id]
+        # The probe's answer (the socket, `executor.fenced`) and the `connected` signal race; either calls it off.
+        assert [op for op in ops if op != "executor.fenced"] == [
+            "executor.healthy", "executor.disconnected", "executor.reconnected"], ops
+    print(f"\nthe fence's probe out {grace_ends - asked_at:.2f} s before the grace's end; "
+          f"back {grace_ends - back:.2f} s before it")

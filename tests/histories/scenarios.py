@@ -53,6 +53,7 @@ from workflows.contracts.orphans import OrphanInfo
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.recovery import BLOCKED_RECHECK
+from workflows.timing import FENCE_LEAD
 
 LOWERED_SIGNAL_BUDGET = 3
 
@@ -331,6 +332,25 @@ async def called_off_during_the_last_probe(lc: Lifecycle) -> None:
     expect(await lc.relay.result(), "REMOVED")
 
 
+async def back_while_the_fence_holds(lc: Lifecycle) -> None:
+    """The probe before DEAD out ahead of the grace's end, held by the gateway until then; the new socket's
+    `connected` lands first: the wait ends (the probe cancelled), HEALTHY again, never DEAD."""
+    fakes = lc.fakes
+    release_probe = fakes.holds[Activity.PROBE_GATEWAY] = asyncio.Event()
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    await lc.env.sleep(GRACE - FENCE_LEAD + timedelta(milliseconds=200))
+    await _started(fakes, Activity.PROBE_GATEWAY)
+    await lc.connect("c2")
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    release_probe.set()
+    await lc.relay.settle()
+    check(not fakes.selects and "executor.dead" not in fakes.audits(), f"calls {fakes.summary()}")
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+
+
 async def gateway_known_gone(lc: Lifecycle) -> None:
     """The executor's gateway is known gone (it retired): DEAD when the grace ends and the request right after,
     with no probe."""
@@ -534,5 +554,6 @@ SCENARIOS = [
     Scenario("gateway-watch-retired", None, runs=2),
     Scenario("called-off-during-the-last-probe", called_off_during_the_last_probe),
     Scenario("gateway-known-gone", gateway_known_gone),
+    Scenario("back-while-the-fence-holds", back_while_the_fence_holds),
     Scenario("orphan-recovered", orphan_recovered),
 ]

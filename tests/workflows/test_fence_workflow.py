@@ -15,6 +15,7 @@ from tests.lifecycle_fakes import DEAD, DISCONNECTED, GRACE, HEALTHY, RECONNECTE
 from tests.workflows.test_lifecycle_workflow import relay  # noqa: F401 — the workers fixture
 from workflows.contracts.gateway_watch import ProbeGatewayReply
 from workflows.contracts.lifecycle import LifecycleResult
+from workflows.timing import FENCE_LEAD
 
 
 async def test_a_socket_still_held_at_the_end_of_the_grace_is_healthy_not_dead(relay: Relay) -> None:  # noqa: F811
@@ -97,3 +98,43 @@ async def test_every_request_is_preceded_by_a_probe(relay: Relay) -> None:  # no
     assert len(fakes.dispatches) == 2
     # one before DEAD, one before each of the two requests
     assert len(fakes.probes) == 3
+
+
+async def test_the_fence_before_dead_is_asked_ahead_and_answers_for_the_grace_end(relay: Relay) -> None:  # noqa: F811
+    """The probe before DEAD goes to the gateway ``FENCE_LEAD`` before the grace ends, asking it to look at the
+    grace's end (``answer_at``): its round trip runs inside the grace. One probe before DEAD, and DEAD no sooner than
+    the grace's end."""
+    fakes = relay.fakes
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    await relay.result()
+
+    assert fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]
+    disconnected, dead = fakes.records[1], fakes.records[2]
+    ahead, before_dispatch = fakes.probes
+    deadline = ahead.input.answer_at
+    assert deadline is not None and before_dispatch.input.answer_at is None
+    assert abs(deadline - (disconnected.scheduled + GRACE)) < timedelta(seconds=1)
+    assert abs((deadline - ahead.scheduled) - FENCE_LEAD) < timedelta(seconds=1)
+    assert dead.scheduled >= deadline
+
+
+async def test_an_older_gateway_answering_at_once_is_asked_again_when_the_grace_ends(relay: Relay) -> None:  # noqa: F811
+    """A gateway of older code ignores ``answer_at`` and answers at once: that answer says nothing of the grace's
+    end, so the grace is waited out and the gateway asked again then, before DEAD."""
+    fakes = relay.fakes
+    fakes.held_answers = False
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    await relay.result()
+
+    disconnected, dead = fakes.records[1], fakes.records[2]
+    ahead, at_the_end, before_dispatch = fakes.probes
+    assert ahead.input.answer_at is not None and at_the_end.input.answer_at is None
+    assert at_the_end.scheduled >= disconnected.scheduled + GRACE - timedelta(seconds=1)
+    assert dead.scheduled >= at_the_end.scheduled
+

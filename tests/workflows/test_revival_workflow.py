@@ -20,6 +20,7 @@ from tests.workflows.test_lifecycle_workflow import relay  # noqa: F401 — the 
 from workflows.contracts.common import Activity
 from workflows.contracts.gateway_watch import ProbeGatewayReply
 from workflows.contracts.lifecycle import LifecycleResult, RecoveryReply
+from workflows.timing import FENCE_LEAD
 
 CANCELLED = "executor.recovery.cancelled"
 
@@ -91,6 +92,29 @@ async def test_back_while_the_probe_before_dead_is_out(relay: Relay) -> None:  #
     release_probe.set()
 
     await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    assert not fakes.selects and not fakes.dispatches and not fakes.deletes, fakes.summary()
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c2")
+
+
+async def test_back_while_the_fence_holds_its_probe_for_the_grace_end(relay: Relay) -> None:  # noqa: F811
+    """The probe before DEAD is out ahead of the grace's end, held by the gateway until then; the new socket's
+    `connected` lands first. It ends the wait at once: HEALTHY while the probe is still held, never DEAD."""
+    fakes = relay.fakes
+    release_probe = await _held(fakes, Activity.PROBE_GATEWAY)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE - FENCE_LEAD + timedelta(milliseconds=200))  # the probe out, the grace not over
+    await _wait_started(fakes, Activity.PROBE_GATEWAY)
+
+    await relay.connect("c2")
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, RECONNECTED)
+    assert not release_probe.is_set() and fakes.probes[0].input.answer_at is not None
+    release_probe.set()
+    await relay.settle()
+    assert fakes.statuses() == [HEALTHY, DISCONNECTED, RECONNECTED]
     assert not fakes.selects and not fakes.dispatches and not fakes.deletes, fakes.summary()
     state = await relay.state()
     assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c2")

@@ -6,7 +6,7 @@ queue), ``disconnect_gateway_executors`` and ``gateway_gone`` in ``activities.re
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from temporalio import activity
 
@@ -31,11 +31,15 @@ class HoldGatewayInput:
 
 @dataclass
 class ProbeGatewayInput:
-    """Ask a gateway whether it is alive and, when ``executor_id`` is set, whether it holds that executor's socket."""
+    """Ask a gateway whether it is alive and, when ``executor_id`` is set, whether it holds that executor's socket.
+
+    ``answer_at`` (the fence before DEAD, asked ahead of the grace's end): look then, not now, answering at once if
+    the executor's socket appears first. The probe's round trip then runs inside the grace, not after it."""
 
     org: str = ""
     app: str = ""
     executor_id: str = ""
+    answer_at: datetime | None = None
 
 
 @dataclass
@@ -45,10 +49,13 @@ class ProbeGatewayReply:
     ``connection`` is the live socket it holds for the executor (as its ``connected`` signal said), or None.
     ``contact_for`` is how long the gateway has been in contact with Temporal without a break: an executor that
     left while its gateway could not reach Temporal is owed a full grace from the moment contact came back.
+    ``held``: the gateway looked at ``answer_at`` (or when the socket appeared), as asked; a gateway that predates
+    ``answer_at`` answers at once, and its answer says nothing of the grace's end.
     """
 
     connection: ConnectedSignal | None = None
     contact_for: timedelta = timedelta(0)
+    held: bool = False
 
 
 @dataclass
