@@ -25,11 +25,15 @@ from core.temporal import connect
 from tests.browser import Chromium, Page
 from tests.support import Process, Relay, dbos_executor, wait_until
 from workflows.contracts.common import Activity, lifecycle_workflow_id
+from workflows.timing import FENCE_LEAD
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 ARTIFACTS = Path(__file__).parents[2] / ".test-artifacts" / "browser"
-GRACE_SECS = 2
+GRACE_SECS = 4
+# The grace timer stops short of the grace by the fence's lead: the probe before DEAD is asked that far ahead.
+FENCE_LEAD_SECS = min(FENCE_LEAD.total_seconds(), GRACE_SECS / 2)
+TIMER_SECS = GRACE_SECS - FENCE_LEAD_SECS
 
 
 @pytest.fixture(scope="module")
@@ -129,9 +133,10 @@ def test_temporal_ui_shows_an_executors_recovery(relay: Relay, page: Page, tmp_p
     text = page.text()
     # Each event as the history table shows it: its type, then its details (tabs and newlines between cells).
     events = {
-        "grace timer started": _row("Timer Started", "Start To Fire Timeout", f"{GRACE_SECS} seconds", "Summary",
-                                    f"grace {GRACE_SECS} s"),
+        "grace timer started": _row("Timer Started", "Start To Fire Timeout", f"{TIMER_SECS:g} seconds", "Summary",
+                                    f"grace {TIMER_SECS:g} s, then the fence's last {FENCE_LEAD_SECS:g} s"),
         "grace timer fired": _row("Timer Fired", "Timer ID"),
+        "the fence's probe": _row("Activity Task Scheduled", "Activity Type", Activity.PROBE_GATEWAY),
         "recovery dispatched": _row("Activity Task Scheduled", "Activity Type", Activity.DISPATCH_RECOVERY, "Summary",
                                     f"recovery via {b_id} attempt 1"),
         "recovery confirmed": _row("Activity Task Scheduled", "Activity Type", Activity.EXIST_PENDING_WORKFLOWS,
@@ -144,7 +149,7 @@ def test_temporal_ui_shows_an_executors_recovery(relay: Relay, page: Page, tmp_p
     # In history order, whichever way the table is sorted.
     positions = [match.start() for match in found.values() if match is not None]
     assert positions in (sorted(positions), sorted(positions, reverse=True)), dict(zip(found, positions, strict=True))
-    page.scroll_to(f"grace {GRACE_SECS} s")
+    page.scroll_to(f"grace {TIMER_SECS:g} s")
     print(f"screenshot: {page.screenshot(ARTIFACTS / 'temporal-recovery-grace.png')}")
 
 
