@@ -47,8 +47,10 @@ class HubActivities:
             # clock is off still looks when the grace ends by Temporal's.
             hold = min(input.answer_at - activity.info().started_time, MAX_PROBE_HOLD)
             conn = await self._hub.arrival(input.org, input.app, input.executor_id, hold)
-        return ProbeGatewayReply(connection=conn.signal if conn is not None else None,
-                                 contact_for=self._contact_for(), held=input.answer_at is not None)
+        # A process that stopped holding (it retires) did not look at ``answer_at``: the workflow asks again then,
+        # and finds it gone.
+        return ProbeGatewayReply(connection=conn.signal if conn is not None else None, contact_for=self._contact_for(),
+                                 held=input.answer_at is not None and self._hub.holding)
 
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:

@@ -128,7 +128,9 @@ class Hub:
         self._by_key: dict[str, set[Connection]] = {}
         self._by_app: dict[tuple[str, str], set[Connection]] = {}
         self._app_ids: dict[tuple[str, str], Counter[str]] = {}
-        self._awaited: dict[ConnectionKey, set[asyncio.Future[Connection]]] = {}  # ``arrival``'s waiters
+        self._awaited: dict[ConnectionKey, set[asyncio.Future[Connection | None]]] = {}  # ``arrival``'s waiters
+        # False once the process retires (its sockets closed): nothing is waited for any more (``stop_holding``).
+        self.holding = True
 
     def __len__(self) -> int:
         return len(self._connections)
@@ -176,12 +178,13 @@ class Hub:
         return self._connections.get((org, app, executor_id))
 
     async def arrival(self, org: str, app: str, executor_id: str, within: timedelta) -> Connection | None:
-        """The executor's connection: the one held now, else the first attached ``within`` from now, else None."""
+        """The executor's connection: the one held now, else the first attached ``within`` from now, else None (at
+        once, or as soon as ``stop_holding`` is called, once this process stops holding)."""
         key = (org, app, executor_id)
         conn = self._connections.get(key)
-        if conn is not None or within <= timedelta(0):
+        if conn is not None or within <= timedelta(0) or not self.holding:
             return conn
-        waiter: asyncio.Future[Connection] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[Connection | None] = asyncio.get_running_loop().create_future()
         self._awaited.setdefault(key, set()).add(waiter)
         try:
             async with asyncio.timeout(within.total_seconds()):
@@ -194,6 +197,15 @@ class Hub:
                 waiters.discard(waiter)
                 if not waiters:
                     del self._awaited[key]
+
+    def stop_holding(self) -> None:
+        """This process retires: every ``arrival`` waited for ends now, with no connection, and none is waited for
+        from now on."""
+        self.holding = False
+        for waiters in self._awaited.values():
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def connections(self) -> list[Connection]:
         return list(self._connections.values())

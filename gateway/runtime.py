@@ -142,12 +142,15 @@ class Gateway:
     async def retire(self) -> None:
         """Record this process gone, once its sockets are closed and no upgrade can come in, and before its worker
         stops (the hold its watch waits on ends then, and the watch must find it retired, not probe it). Best
-        effort: if the database is away, its watch finds it gone a probe later, as for a crash."""
+        effort: if the database is away, its watch finds it gone a probe later, as for a crash. Fence probes held
+        for a grace's end are answered then, "not held": asked again at the grace's end, the workflow finds this
+        process gone instead of waiting out a probe its stopping worker would never answer."""
         try:
             await asyncio.to_thread(self.store.gateways.mark_gone, self.task_queue, gateways.RETIRED)
         except Exception as err:
             log.warning("could not record gateway %s as retired (%s); its watch will find it gone",
                         self.task_queue, type(err).__name__)
+        self.hub.stop_holding()
 
     def worker(self) -> Worker:
         # Its one workflow: management requests routed here by other gateway processes, run with their local

@@ -112,3 +112,19 @@ async def test_a_clock_far_off_holds_no_longer_than_the_cap(monkeypatch: pytest.
     hub = Hub()
     reply = await asyncio.wait_for(_ask(hub, _probe(timedelta(hours=1))), timeout=10)
     assert reply.connection is None and reply.held
+
+
+async def test_a_retiring_gateway_answers_its_held_probes_at_once_and_not_held() -> None:
+    """Its sockets closed, the process retires (``Gateway.retire``): the probes it holds end now, saying they did not
+    look at ``answer_at`` (the workflow asks again then, and finds the gateway gone); none is held after that."""
+    hub = Hub()
+    asked = _probe(timedelta(seconds=30))
+    probe = asyncio.ensure_future(_ask(hub, asked))
+    await asyncio.sleep(0.05)
+    assert not probe.done()
+    hub.stop_holding()
+    reply = await asyncio.wait_for(probe, timeout=10)
+    assert reply.connection is None and not reply.held
+    assert not hub._awaited
+    later = await asyncio.wait_for(_ask(hub, _probe(timedelta(seconds=30))), timeout=10)
+    assert later.connection is None and not later.held

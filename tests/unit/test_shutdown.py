@@ -305,3 +305,22 @@ async def test_the_polling_plugin_is_handed_the_worker_built_on_its_client() -> 
     worker = object()
     await polling.run_worker(cast(Any, worker), run)
     assert polling.worker is worker and ran == [worker]
+
+
+async def test_retiring_ends_the_fence_probes_it_holds_even_with_the_database_away(tmp_path: Path) -> None:
+    """``retire`` answers the probes held for a grace's end (``Hub.stop_holding``), after recording itself gone, or
+    failing to: its stopping worker would never answer them."""
+    class AwayGateways:
+        def mark_gone(self, queue: str, reason: str) -> None:
+            raise OperationalError("UPDATE gatewayprocess", {}, Exception("connection refused"))
+
+    class AwayStore:
+        gateways = AwayGateways()
+
+    gw = _gateway(tmp_path, cast(Store, AwayStore()))
+    held = asyncio.ensure_future(gw.hub.arrival("o", "a", "x1", timedelta(seconds=30)))
+    await asyncio.sleep(0.05)
+    assert not held.done() and gw.hub.holding
+    await gw.retire()
+    assert await asyncio.wait_for(held, timeout=5) is None
+    assert not gw.hub.holding
