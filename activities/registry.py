@@ -56,7 +56,7 @@ class RegistryActivities:
         self._db = database_calls(store)
 
     @activity.defn(name=Activity.RECORD_STATUS)
-    async def record_status(self, input: RecordStatusInput) -> None:
+    async def record_status(self, input: RecordStatusInput) -> datetime | None:
         written = await self._db.first(
             self._store.record_status,
             org=input.org, app=input.app, executor_id=input.executor_id,
@@ -68,6 +68,7 @@ class RegistryActivities:
         if written.written:
             _report_status(input)
         await self._wake_waiting_recoveries(input, written.dead)
+        return written.at
 
     async def _wake_waiting_recoveries(self, input: RecordStatusInput, dead: list[str]) -> None:
         """A peer is HEALTHY: DEAD executors' workflows waiting for one look again now, not at their next check."""

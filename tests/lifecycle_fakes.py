@@ -111,6 +111,8 @@ class FakeRelay:
     # probe_gateway on the executor's own gateway queue: answers popped first, then "alive, not held, in contact
     # for a day" (a gateway that saw the socket close and never lost Temporal).
     probe_replies: list[ProbeGatewayReply] = field(default_factory=list)
+    # record_status: how long after the activity was called its row says the write happened (a slow database).
+    write_lag: timedelta = timedelta(0)
     # probe_gateway: whether it holds an answer asked for ``answer_at`` (today's gateway) or answers at once (older).
     held_answers: bool = True
     # probe_gateway with ``answer_at``: hold the answer until then, as a gateway does, in wall time (time does not
@@ -197,11 +199,13 @@ class FakeRelay:
     # -- database activities (shared queue) -------------------------------------------------------------------
 
     @activity.defn(name=Activity.RECORD_STATUS)
-    async def record_status(self, input: RecordStatusInput) -> None:
+    async def record_status(self, input: RecordStatusInput) -> datetime | None:
         if self.healthy_gate is not None and input.operation == "executor.healthy":
             self.healthy_writing.set()
             await self.healthy_gate.wait()
-        self._fail_first(await self._call(self.records, input), input.operation)
+        call = await self._call(self.records, input)
+        self._fail_first(call, input.operation)
+        return call.scheduled + self.write_lag  # the row's time: the test server's clock, as the worker's would be
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:

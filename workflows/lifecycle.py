@@ -279,13 +279,15 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover
                 self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
                 raise Removed()
-            await self._record(
+            recorded_at = await self._record(
                 ExecutorStatus.DISCONNECTED,
                 "executor.disconnected",
                 details={"connection_id": state.recorded_connection_id},
                 durations={"executorTimeoutSecs": grace},
             )
-            state.grace_deadline = workflow.now() + grace
+            # The grace runs from the DISCONNECTED row, as audited: in a burst its write can trail this workflow
+            # task by a good part of a second, and DEAD never comes sooner than that row's time plus the grace.
+            state.grace_deadline = max(workflow.now(), recorded_at or workflow.now()) + grace
             state.grace = grace
             self._describe("")
         # The fence is asked ahead of the grace's end (``_confirm_gone`` holds its probe until then): a little less

@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.contracts.lifecycle import (
         LifecycleInput,
         LifecycleState,
+        RecordedAt,
         RecordStatusInput,
         RemovedSignal,
         WriteAuditInput,
@@ -155,11 +156,12 @@ class LifecycleBase:
 
     async def _record(self, status: ExecutorStatus, operation: str, *, conn: ConnectedSignal | None = None,
                       details: dict[str, object], durations: dict[str, timedelta] | None = None,
-                      info: ExecutorInfo | None = None) -> None:
+                      info: ExecutorInfo | None = None) -> RecordedAt:
+        """Write the status and its audit row; when the row says it happened (None from an older history)."""
         i = self._input
         if self._state.orphan:
             details = {**details, "orphan": True}
-        await self._db(
+        recorded_at = await self._db(
             record_status,
             RecordStatusInput(
                 i.org, i.app, i.executor_id, status, operation, event_key=self._event_key(operation),
@@ -180,6 +182,7 @@ class LifecycleBase:
         if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
             workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status.value)])
+        return recorded_at
 
     async def _audit(self, operation: str, status: str, details: dict[str, object], *,
                      durations: dict[str, timedelta] | None = None) -> str:

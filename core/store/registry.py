@@ -26,10 +26,12 @@ RECOVERY_STEPS = ("executor.recovery.blocked", "executor.recovery.unblocked", "e
 @dataclass(frozen=True)
 class StatusWritten:
     """What ``Store.record_status`` did: whether this call wrote the event (False: an earlier try of the same
-    activity had), and, for a HEALTHY write, the ids of the app's DEAD executors."""
+    activity had), when its audit row says it happened (this call's or the earlier try's), and, for a HEALTHY write,
+    the ids of the app's DEAD executors."""
 
     written: bool
     dead: list[str]
+    at: datetime
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,10 @@ class RegistryStore(StoreBase):
         wrote them and, for a HEALTHY write, the ids of the app's DEAD executors (each one's workflow may be waiting
         for a peer)."""
         with Session(self.engine) as s:
-            landed = s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None
+            landed_at = s.exec(select(AuditLog.emit_time).where(AuditLog.event_key == event_key)).first()
+            landed = landed_at is not None
+            now = landed_at or utcnow()
             if not landed:  # else a retried activity: this event already landed
-                now = utcnow()
                 row = s.get(Executor, (org, app, executor_id))
                 if row is None:
                     row = Executor(org=org, app=app, executor_id=executor_id, created_at=now)
@@ -118,8 +121,8 @@ class RegistryStore(StoreBase):
                                operation=operation, details=details, emit_time=now))
                 s.commit()
             if status != ExecutorStatus.HEALTHY:
-                return StatusWritten(written=not landed, dead=[])
-            return StatusWritten(written=not landed, dead=dead_executors(s, org, app))
+                return StatusWritten(written=not landed, dead=[], at=now)
+            return StatusWritten(written=not landed, dead=dead_executors(s, org, app), at=now)
 
     def dead_since(self, *, org: str, app: str, executor_id: str) -> datetime | None:
         """When the executor was recorded DEAD (its row's last write), or None when it is not DEAD."""

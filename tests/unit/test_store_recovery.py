@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
-from core.models import ManagementClaim, RecoveryClaim, make_engine
-from core.store import MANAGEMENT_CLAIM_TTL, Store
+from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
+from core.store import MANAGEMENT_CLAIM_TTL, StatusWritten, Store
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
@@ -152,3 +152,21 @@ def test_get_apps_one_read_says_what_the_executor_list_says(store: Store) -> Non
     rows = store.list_executors(ORG, APP)
     assert read() == (any(e.status == ExecutorStatus.HEALTHY for e in rows),
                       next(e.language for e in reversed(rows) if e.language))
+
+
+def test_a_status_write_says_when_its_audit_row_happened_and_a_retry_the_same(store: Store) -> None:
+    """``record_status`` answers with its audit row's time (the lifecycle starts the grace from the DISCONNECTED
+    row's); a retried activity, finding the row written, answers with that first write's time, not its own."""
+    def write() -> StatusWritten:
+        return store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.DISCONNECTED,
+                                   operation="executor.disconnected", event_key="x1/disconnected/1",
+                                   info=None, connection_id=None, gateway_queue=None, details={})
+
+    before = utcnow()
+    first = write()
+    assert first.written and before <= first.at <= utcnow()
+    with Session(store.engine) as s:
+        [row] = s.exec(select(AuditLog).where(AuditLog.event_key == "x1/disconnected/1")).all()
+    assert row.emit_time == first.at
+    again = write()
+    assert not again.written and again.at == first.at

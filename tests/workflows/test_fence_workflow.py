@@ -138,3 +138,21 @@ async def test_an_older_gateway_answering_at_once_is_asked_again_when_the_grace_
     assert at_the_end.scheduled >= disconnected.scheduled + GRACE - timedelta(seconds=1)
     assert dead.scheduled >= at_the_end.scheduled
 
+
+
+async def test_the_grace_runs_from_the_disconnected_rows_time(relay: Relay) -> None:  # noqa: F811
+    """The DISCONNECTED row's write lands late (a busy database: its row says 5 s after the workflow task): the grace
+    runs from that row's time, so DEAD never comes sooner than the row's time plus the grace."""
+    fakes = relay.fakes
+    fakes.write_lag = timedelta(seconds=5)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    await relay.result()
+
+    disconnected, dead = fakes.records[1], fakes.records[2]
+    deadline = fakes.probes[0].input.answer_at
+    assert deadline is not None
+    assert abs(deadline - (disconnected.scheduled + fakes.write_lag + GRACE)) < timedelta(seconds=1)
+    assert dead.scheduled >= disconnected.scheduled + fakes.write_lag + GRACE - timedelta(milliseconds=100)

@@ -128,6 +128,11 @@ class LifecycleResult:
     attempts: int = 0
 
 
+# What ``record_status`` answers: when its audit row says the event happened (a retry finds the first try's). None in
+# histories recorded before it answered, so a name of its own that the workflow code can annotate with.
+RecordedAt = datetime | None
+
+
 @dataclass
 class RecordStatusInput:
     """Write the executor's registry row and its audit row in one transaction, at most once per event_key."""
@@ -232,8 +237,9 @@ class ExistPendingReply:
 # implementations under the same names (a unit test keeps names and signatures equal) --------------------------
 
 @activity.defn(name=Activity.RECORD_STATUS)
-async def record_status(input: RecordStatusInput) -> None:
-    """Write the registry row and its audit row, at most once per event key."""
+async def record_status(input: RecordStatusInput) -> RecordedAt:
+    """Write the registry row and its audit row, at most once per event key; when the audit row says it happened
+    (None from a history recorded before the activity said so)."""
     raise NotImplementedError(STUB)
 
 
