@@ -16,9 +16,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.lifecycle_base import FENCE_AHEAD_PATCH, FENCE_PATCH, GENERATION_1_PATCH, GENERATION_2_PATCH, Removed
+from workflows.lifecycle_base import FENCE_PATCH, GENERATION_1_PATCH, GENERATION_2_PATCH, Removed
 from workflows.recovery import RecoverySteps
-from workflows.timing import FENCE_LEAD
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.common import (
@@ -287,13 +286,11 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             )
             # The grace runs from the DISCONNECTED row, as audited: in a burst its write can trail this workflow
             # task by a good part of a second, and DEAD never comes sooner than that row's time plus the grace.
-            state.grace_deadline = max(workflow.now(), recorded_at or workflow.now()) + grace
+            began = workflow.now() if recorded_at is None else max(workflow.now(), recorded_at)
+            state.grace_deadline = began + grace
             state.grace = grace
             self._describe("")
-        # The fence is asked ahead of the grace's end (``_confirm_gone`` holds its probe until then): a little less
-        # to wait here.
-        ahead = (min(FENCE_LEAD, state.grace / 2) if state.grace is not None else FENCE_LEAD) \
-            if self._patched(FENCE_AHEAD_PATCH) and self._patched(FENCE_PATCH) else timedelta(0)
+        ahead = self._fence_lead()  # the fence's probe goes out that long before the grace's end
         remaining = state.grace_deadline - ahead - workflow.now()
         if remaining <= timedelta(0):
             return True

@@ -46,6 +46,10 @@ class Removed(Exception):
     """Raised inside the run when a ``removed`` signal ends the workflow's business."""
 
 
+class Abandoned(Exception):
+    """``LifecycleBase._unless``: the work was abandoned, its stop condition having come true first."""
+
+
 # Continue-as-new after this many signals even if the server has not suggested it yet.
 SIGNAL_BUDGET = 1000
 # From this patch on, database activities run as local activities: in the worker running the workflow, one trip
@@ -125,17 +129,24 @@ class LifecycleBase:
         if self._removed is not None:
             raise Removed()
 
-    async def _unless_removed(self, work: Awaitable[T]) -> T:
-        """Await ``work``, abandoning it (cancelled) if a ``removed`` signal comes first."""
+    async def _unless(self, work: Awaitable[T], stop: Callable[[], bool]) -> T:
+        """Await ``work``, abandoning it (cancelled) and raising ``Abandoned`` if ``stop()`` comes true first."""
         task = asyncio.ensure_future(work)
-        removal = asyncio.ensure_future(workflow.wait_condition(lambda: self._removed is not None))
-        await workflow.wait([task, removal], return_when=asyncio.FIRST_COMPLETED)
+        stopped = asyncio.ensure_future(workflow.wait_condition(stop))
+        await workflow.wait([task, stopped], return_when=asyncio.FIRST_COMPLETED)
         if task.done():
-            removal.cancel()
+            stopped.cancel()
             return task.result()
         task.cancel()
         task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: no "never retrieved" noise
-        raise Removed()
+        raise Abandoned()
+
+    async def _unless_removed(self, work: Awaitable[T]) -> T:
+        """Await ``work``, abandoning it (cancelled) if a ``removed`` signal comes first."""
+        try:
+            return await self._unless(work, lambda: self._removed is not None)
+        except Abandoned:
+            raise Removed() from None
 
     def _should_continue_as_new(self) -> bool:
         return workflow.info().is_continue_as_new_suggested() or self._signals_this_run >= SIGNAL_BUDGET

@@ -8,7 +8,6 @@ confirms it (``_dispatch_and_confirm``, ``_attempt``) and deletes the dead execu
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +27,13 @@ from workflows.lifecycle_base import (
     KNOWN_GONE_PATCH,
     OWN_ALERTS_PATCH,
     REVIVAL_PATCH,
+    Abandoned,
     LifecycleBase,
 )
 from workflows.timing import (
     BACKOFF_INITIAL,
     DB_ACTIVITY_TIMEOUT,
+    FENCE_LEAD,
     SOCKET_HEARTBEAT_TIMEOUT,
     SOCKET_SCHEDULE_TO_START,
 )
@@ -89,15 +90,10 @@ class RecoverySteps(LifecycleBase):
         if self._back():
             return False  # a `connected` came with the timer
         if self._patched(FENCE_AHEAD_PATCH):
-            asked = asyncio.ensure_future(self._probe_at_grace_end())
-            back = asyncio.ensure_future(workflow.wait_condition(self._back))
-            await workflow.wait([asked, back], return_when=asyncio.FIRST_COMPLETED)
-            if not asked.done():
-                asked.cancel()  # back before the grace ended: the answer no longer matters
-                asked.add_done_callback(lambda t: t.cancelled() or t.exception())
-                return False
-            back.cancel()
-            reply = asked.result()
+            try:
+                reply = await self._unless(self._probe_at_grace_end(), self._back)
+            except Abandoned:
+                return False  # back before the grace ended: the probe's answer no longer matters
         else:
             reply = await self._probe()
         if self._patched(REVIVAL_PATCH) and self._back():
@@ -121,6 +117,14 @@ class RecoverySteps(LifecycleBase):
             self._describe("")
             return False
         return True
+
+    def _fence_lead(self) -> timedelta:
+        """How long before the grace's end the fence is asked (``FENCE_AHEAD_PATCH``): ``FENCE_LEAD``, at most half
+        the grace; none on older code (the grace is waited out, then the gateway asked)."""
+        if not (self._patched(FENCE_AHEAD_PATCH) and self._patched(FENCE_PATCH)):
+            return timedelta(0)
+        grace = self._state.grace
+        return FENCE_LEAD if grace is None else min(FENCE_LEAD, grace / 2)
 
     async def _probe(self, *, at_grace_end: bool = False) -> ProbeGatewayReply | None:
         """Ask the gateway that last held the executor about its socket (``at_grace_end``: as of the grace's end);
