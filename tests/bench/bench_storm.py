@@ -95,11 +95,14 @@ def _p3(stack: Stack, gen: Generator, n: int) -> dict[str, Any]:
             "failed": reply["failed"], "retries": reply["retries"]}
 
 
-def _p4(stack: Stack, gen: Generator, start: int, count: int, spread: float) -> dict[str, Any]:
+def _p4(stack: Stack, gen: Generator, start: int, count: int, spread: float,
+        closed_out: dict[str, float] | None = None) -> dict[str, Any]:
     """Close executors ``storm-{start}..`` (evenly over ``spread`` seconds, or at once) and time the audit log's
-    DISCONNECTED and DEAD rows against the generator's close times."""
+    DISCONNECTED and DEAD rows against the generator's close times (copied into ``closed_out``)."""
     closed: dict[str, float] = gen.call("close", prefix="storm-", start=start, count=count, mode="close",
                                         spread=spread)["closed"]
+    if closed_out is not None:
+        closed_out.update(closed)
     since = min(closed.values()) - 1
 
     def rows(op: str) -> dict[str, float]:

@@ -4,8 +4,9 @@
     python -m tests.bench.profile cpu-heartbeat [N] [RATE] [SECONDS]
                                                         py-spy on the gateway while N sockets ping at RATE/s
     python -m tests.bench.profile cpu-storm [N]         py-spy on the gateway and the worker during a storm of N
-    python -m tests.bench.profile cpu-burst [N] [K]     py-spy on the worker while K of N executors close at once
-                                                        (grace 3 s): their deaths and recoveries (P4 burst)
+    python -m tests.bench.profile cpu-burst [N] [K] [S] py-spy on the worker for S seconds (15) while K of N
+                                                        executors close at once (grace 3 s): their deaths and
+                                                        recoveries (P4 burst); S 2: their disconnects
     python -m tests.bench.profile bursts [N] [K] [R]    no profiler: R bursts of K of N executors, one stack, and
                                                         P4's lateness figures for each (to compare changes quickly)
 
@@ -137,8 +138,10 @@ def _py_spy() -> str:
 
 
 def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)),
-                             "--rate", "250", "--format", "raw", "--output", str(out), "--nonblocking"],
+    # PY_SPY_GIL=1: only the thread holding the GIL (the Python work, without the SDK's Rust threads and waits).
+    gil = ["--gil"] if os.environ.get("PY_SPY_GIL") else []
+    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+                             *gil, "--format", "raw", "--output", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -228,7 +231,7 @@ def cpu_storm(n: int) -> None:
     _emit(folder / "report.txt", report)
 
 
-def cpu_burst(n: int, k: int) -> None:
+def cpu_burst(n: int, k: int, seconds: int = 15) -> None:
     folder = OUT / "cpu-burst"
     folder.mkdir(parents=True, exist_ok=True)
     stack = start_stack("profile-burst")
@@ -238,7 +241,6 @@ def cpu_burst(n: int, k: int) -> None:
         gen.call("connect", url=stack.executor_url(APP), prefix="burst-", count=n, concurrency=100, timeout=300)
         stack.wait_healthy(APP, n, timeout=300)
         time.sleep(5)  # the connect storm's tail settled
-        seconds = 15
         recorder = _record(stack.worker.pid, seconds, folder / "worker.txt")
         time.sleep(0.5)
         gen.call("close", prefix="burst-", start=0, count=k, mode="close", spread=0.0)
@@ -261,20 +263,22 @@ def bursts(n: int, k: int, rounds: int) -> None:
         stack.wait_healthy(bench_storm.P3_APP, n, timeout=300)
         time.sleep(5)
         for r in range(rounds):
-            m = bench_storm._p4(stack, gen, r * k, k, 0.0)
+            closed: dict[str, float] = {}
+            m = bench_storm._p4(stack, gen, r * k, k, 0.0, closed)
             log(f"burst {r + 1}: DISCONNECTED - close p50 {m['disconnected_p50_s']:.3f} p99 "
                 f"{m['disconnected_p99_s']:.3f}; DEAD - DISCONNECTED - grace p50 {m['dead_p50_s']:.3f} "
                 f"p99 {m['dead_p99_s']:.3f}; {m['recovered']} recovered, recovery p99 {m['recovery_p99_s']:.3f}")
-            _segments(stack, [f"storm-{i}" for i in range(r * k, (r + 1) * k)])
+            _segments(stack, [f"storm-{i}" for i in range(r * k, (r + 1) * k)], closed)
             time.sleep(3)
     finally:
         gen.stop()
         stack.stop()
 
 
-def _segments(stack: Stack, executors: list[str]) -> None:
-    """Where the time from the grace's timer to the DEAD row went, from the workflows' histories: the server's
-    timestamps of each step (a step's p50 and p99 over the burst, in seconds)."""
+def _segments(stack: Stack, executors: list[str], closed: dict[str, float]) -> None:
+    """Where the time from a close to the DISCONNECTED row, and from the grace's timer to the DEAD row, went, from
+    the workflows' histories: the server's timestamps of each step (a step's p50 and p99 over the burst, in
+    seconds)."""
     import asyncio
     from collections import defaultdict
 
@@ -295,6 +299,20 @@ def _segments(stack: Stack, executors: list[str]) -> None:
              if ex in executors}
     for executor, history in zip(executors, asyncio.run(histories()), strict=True):
         events = history.events
+        signalled = next((e for e in events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+                          and e.workflow_execution_signaled_event_attributes.signal_name == "disconnected"), None)
+        if signalled is not None and ("executor.disconnected", executor) in audit and executor in closed:
+            at = signalled.event_time.ToDatetime().timestamp()
+            after = [e for e in events if e.event_id > signalled.event_id]
+            t_sched = next((e.event_time.ToDatetime().timestamp() for e in after
+                            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED), at)
+            t_start = next((e.event_time.ToDatetime().timestamp() for e in after
+                            if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED), t_sched)
+            spans["d1. close -> signal in history"].append(at - closed[executor])
+            spans["d2. signal -> its workflow task scheduled"].append(t_sched - at)
+            spans["d3. workflow task scheduled -> started"].append(t_start - t_sched)
+            spans["d4. workflow task started -> DISCONNECTED row"].append(
+                audit["executor.disconnected", executor] - t_start)
         started = next((e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_STARTED), None)
         fired_at = next((e for e in events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED), None)
         if started and fired_at and ("executor.dead", executor) in audit:
@@ -345,6 +363,7 @@ if __name__ == "__main__":
         bursts(int(args[0]) if args else 1000, int(args[1]) if len(args) > 1 else 100,
                int(args[2]) if len(args) > 2 else 3)
     elif what == "cpu-burst":
-        cpu_burst(int(args[0]) if args else 1000, int(args[1]) if len(args) > 1 else 100)
+        cpu_burst(int(args[0]) if args else 1000, int(args[1]) if len(args) > 1 else 100,
+                  int(args[2]) if len(args) > 2 else 15)
     else:
         sys.exit(__doc__)
