@@ -121,7 +121,7 @@ class GateStore(StoreBase):
             s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.drain.cleared",
                            subject=subject, source_ip=source_ip, details={"until": row.until.isoformat()}))
             s.commit()
-            return dead_executors(s, org, app)
+            return dead_executors(s.connection(), org, app)
 
     def list_drains(self, org: str, app: str) -> list[ExecutorDrain]:
         """The app's drains, expired ones included (they are ignored, not deleted), by executor id. 404: no app."""

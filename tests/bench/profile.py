@@ -140,7 +140,7 @@ def _py_spy() -> str:
 def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     # PY_SPY_GIL=1: only the thread holding the GIL (the Python work, without the SDK's Rust threads and waits).
     gil = ["--gil"] if os.environ.get("PY_SPY_GIL") else []
-    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "250",
+    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", os.environ.get("PY_SPY_RATE", "250"),
                              *gil, "--format", "raw", "--output", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 

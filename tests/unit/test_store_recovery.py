@@ -170,3 +170,28 @@ def test_a_status_write_says_when_its_audit_row_happened_and_a_retry_the_same(st
     assert row.emit_time == first.at
     again = write()
     assert not again.written and again.at == first.at
+
+
+def test_status_writes_keep_what_they_do_not_set_and_a_healthy_one_names_the_dead(store: Store) -> None:
+    """``record_status`` (SQLAlchemy Core): a new row takes the executor's info and connection; a later write without
+    them changes the status and ``updated_at`` only; a HEALTHY write answers the app's DEAD executors; each event
+    lands once, however often it is retried."""
+    _executor(store, "gone", "v1", ExecutorStatus.DEAD)
+    info = ExecutorInfo("x1", application_version="v2", hostname="h1", language="python", dbos_version="3.2.0",
+                        executor_metadata={"k": "v"})
+    healthy = store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.HEALTHY,
+                                  operation="executor.healthy", event_key="x1/healthy", info=info,
+                                  connection_id="c1", gateway_queue="q1", details={"connection_id": "c1"})
+    assert healthy.written and healthy.dead == ["gone"]
+    for _ in range(2):  # the second, a retry: nothing new
+        store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.DISCONNECTED,
+                            operation="executor.disconnected", event_key="x1/disconnected", info=None,
+                            connection_id=None, gateway_queue=None, details={})
+    [row] = [e for e in store.list_executors(ORG, APP) if e.executor_id == "x1"]
+    assert (row.status, row.app_version, row.hostname, row.language, row.dbos_version, row.executor_metadata,
+            row.connection_id, row.gateway_queue) == (
+        ExecutorStatus.DISCONNECTED, "v2", "h1", "python", "3.2.0", {"k": "v"}, "c1", "q1")
+    assert row.created_at == healthy.at < row.updated_at
+    with Session(store.engine) as s:
+        audited = s.exec(select(AuditLog.operation).where(AuditLog.executor_id == "x1")).all()
+    assert sorted(audited) == ["executor.disconnected", "executor.healthy"]
