@@ -138,9 +138,11 @@ def _py_spy() -> str:
 
 
 def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
-    # PY_SPY_GIL=1: only the thread holding the GIL (the Python work, without the SDK's Rust threads and waits).
+    # PY_SPY_GIL=1: only the thread holding the GIL (the Python work, without the SDK's Rust threads and waits);
+    # PY_SPY_RATE: samples per second (250).
     gil = ["--gil"] if os.environ.get("PY_SPY_GIL") else []
-    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", os.environ.get("PY_SPY_RATE", "250"),
+    rate = os.environ.get("PY_SPY_RATE", "250")
+    return subprocess.Popen([_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", rate,
                              *gil, "--format", "raw", "--output", str(out), "--nonblocking"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
