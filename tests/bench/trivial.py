@@ -1,8 +1,11 @@
 """The P3 baseline: raw ``client.start_workflow(..., start_signal=...)`` calls against the Temporal dev server
 Relay uses, for a trivial workflow that a worker (a separate process, like Relay's) runs.
 
-    python -m tests.bench.trivial worker ADDRESS       run the worker until SIGTERM
-    python -m tests.bench.trivial storm ADDRESS N      N concurrent calls; prints one JSON line of timings
+    python -m tests.bench.trivial worker ADDRESS [autoscaled]   run the worker until SIGTERM
+    python -m tests.bench.trivial storm ADDRESS N [autoscaled]  N concurrent calls; prints one JSON line of timings
+
+``autoscaled``: a worker that polls for workflow tasks as Relay's does (``PollerBehaviorAutoscaling``), on a task
+queue of its own; without it, the SDK's default (at most 5 polls at once).
 """
 
 from __future__ import annotations
@@ -18,9 +21,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.client import Client
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehavior, PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum, Worker
 
 TASK_QUEUE = "bench-trivial"
+
+
+def _queue(autoscaled: bool) -> str:
+    return f"{TASK_QUEUE}-autoscaled" if autoscaled else TASK_QUEUE
 
 
 @workflow.defn(name="BenchTrivial")
@@ -39,24 +46,25 @@ class Trivial:
         await workflow.wait_condition(lambda: self.signalled)
 
 
-async def worker(address: str) -> None:
+async def worker(address: str, autoscaled: bool) -> None:
     client = await Client.connect(address)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    async with Worker(client, task_queue=TASK_QUEUE, workflows=[Trivial]):
+    polls: PollerBehavior = PollerBehaviorAutoscaling() if autoscaled else PollerBehaviorSimpleMaximum(5)
+    async with Worker(client, task_queue=_queue(autoscaled), workflows=[Trivial], workflow_task_poller_behavior=polls):
         print("ready", flush=True)
         await stop.wait()
 
 
-async def storm(address: str, count: int) -> None:
+async def storm(address: str, count: int, autoscaled: bool) -> None:
     client = await Client.connect(address)
     run = uuid.uuid4().hex[:8]
     calls_done: list[float] = []
 
     async def one(i: int) -> float:
         handle = await client.start_workflow(
-            Trivial.run, f"trivial-{i}", id=f"bench-trivial/{run}/{i}", task_queue=TASK_QUEUE,
+            Trivial.run, f"trivial-{i}", id=f"bench-trivial/{run}/{i}", task_queue=_queue(autoscaled),
             start_signal="connected", start_signal_args=[{"connection_id": str(uuid.uuid4())}],
             execution_timeout=timedelta(minutes=10),
         )
@@ -71,9 +79,9 @@ async def storm(address: str, count: int) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
-        asyncio.run(worker(sys.argv[2]))
+        asyncio.run(worker(sys.argv[2], sys.argv[3:] == ["autoscaled"]))
     else:
-        asyncio.run(storm(sys.argv[2], int(sys.argv[3])))
+        asyncio.run(storm(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["autoscaled"]))
         # The figures are out; the SDK's runtime threads have crashed this interpreter at exit (SIGSEGV in
         # PyGILState_Release), failing a run that had measured what it should: leave without tearing them down.
         os._exit(0)
