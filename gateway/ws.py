@@ -34,6 +34,7 @@ from websockets.http11 import Request, Response
 
 from core import metrics, units
 from core.errors import (
+    AuthError,
     ExecutorUnavailableError,
     ForbiddenError,
     IdentityError,
@@ -46,7 +47,7 @@ from core.logs import WarningsOnly
 from core.models import Application
 from core.names import APP_PATTERN
 from core.problem import PROBLEM_JSON, problem_body
-from core.store import Principal, Store, hash_key, outage, subject_of
+from core.store import Principal, Store, hash_key, outage
 from gateway import identity
 from gateway import session as sm
 from gateway.http_limits import BeforeUpgrade, raw_problem
@@ -423,13 +424,9 @@ class _Unknown(Exception):
 def _join(store: Store, key: str, app_name: str, source_ip: str) -> tuple[Principal, Application | None]:
     """One trip to the database thread: the key, then the app (registered on first use if the key allows it)."""
     try:
-        principal = store.authenticate(key)
-    except RelayError as err:
+        return store.join(key, app_name, source_ip=source_ip)
+    except AuthError as err:
         raise _Unknown(err) from None
-    if not principal.allows(app_name):
-        return principal, None
-    application, _ = store.ensure_app(principal.org, app_name, subject=subject_of(principal), source_ip=source_ip)
-    return principal, application
 
 
 def _report_refusal(gw: Gateway, err: RelayError, *, app: str, org: str | None, source_ip: str) -> bool:

@@ -20,13 +20,27 @@ from core.models import (
     RecoveryPause,
     RecoveryTicket,
 )
-from core.store.base import StoreBase, app_row, find_app
+from core.store.audit import subject_of
+from core.store.base import Principal, StoreBase, app_row, check_key, find_app
 
 
 class AppsStore(StoreBase):
     def get_app(self, org: str, name: str) -> Application:
         with Session(self.engine) as s:
             return app_row(s, org, name)
+
+    def join(self, key: str, name: str, *, source_ip: str = "") -> tuple[Principal, Application | None]:
+        """A gateway's check of an executor joining app ``name``, on one connection: who ``key`` speaks for (401 for
+        an unknown or revoked key), and the app, registered (audited, ``ensure_app``) on first use; None when the key
+        is not allowed the app. The hot path of a connect storm: no ORM session unless the app is new."""
+        with self.engine.connect() as c:
+            principal = check_key(c, key)
+            if not principal.allows(name):
+                return principal, None
+            app = find_app(c, principal.org, name)
+        if app is None:
+            app, _ = self.ensure_app(principal.org, name, subject=subject_of(principal), source_ip=source_ip)
+        return principal, app
 
     def ensure_app(self, org: str, name: str, *, subject: str = "system", source_ip: str = "",
                    private_mode: bool | None = None) -> tuple[Application, bool]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from sqlmodel import Session, select
 
+from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
 from core.store import MANAGEMENT_CLAIM_TTL, StatusWritten, Store
 from core.units import utcnow
@@ -195,3 +196,21 @@ def test_status_writes_keep_what_they_do_not_set_and_a_healthy_one_names_the_dea
     with Session(store.engine) as s:
         audited = s.exec(select(AuditLog.operation).where(AuditLog.executor_id == "x1")).all()
     assert sorted(audited) == ["executor.disconnected", "executor.healthy"]
+
+
+def test_a_joining_executor_is_checked_on_one_connection_and_registers_a_new_app_once(store: Store) -> None:
+    """``Store.join``, the gateway's check of a joining executor: an unknown key is refused; a key's first executor of
+    a new app registers it (audited once); later ones find it; a key not allowed the app gets no app, nothing
+    registered."""
+    fleet, narrow = store.create_key(org=ORG, name="fleet"), store.create_key(org=ORG, name="narrow", apps=[APP])
+    with pytest.raises(AuthError):
+        store.join("rk_not-a-key", APP)
+    principal, first = store.join(fleet, "new-app", source_ip="10.0.0.9")
+    _, again = store.join(fleet, "new-app")
+    assert principal.org == ORG and first is not None and again is not None and first.id == again.id
+    assert store.join(fleet, APP)[1] == store.get_app(ORG, APP)
+    assert store.join(narrow, "other-app") == (store.authenticate(narrow), None)
+    with Session(store.engine) as s:
+        registered = s.exec(select(AuditLog.app, AuditLog.source_ip).where(
+            AuditLog.operation == "app.registered")).all()
+    assert sorted(registered) == sorted([(APP, ""), ("new-app", "10.0.0.9")])

@@ -416,20 +416,17 @@ def _on_the_wire(frame: Frame) -> Frame:
 @dataclass
 class FakeStore:
     audits: list[dict[str, Any]] = field(default_factory=list)
-    # authenticate() says it was called, then waits for ``proceed`` (a slow database, in its thread).
+    # join() says it was called, then waits for ``proceed`` (a slow database, in its thread).
     looking_up: threading.Event = field(default_factory=threading.Event)
     proceed: threading.Event = field(default_factory=threading.Event)
 
     def write_audit(self, **row: Any) -> None:
         self.audits.append(row)
 
-    def authenticate(self, key: str) -> Principal:
+    def join(self, key: str, name: str, **_: Any) -> tuple[Principal, models.Application | None]:
         self.looking_up.set()
         assert self.proceed.wait(5)
-        return Principal("key-1", "fleet", "acme", None)
-
-    def ensure_app(self, org: str, name: str, **_: Any) -> tuple[models.Application, bool]:
-        return models.Application(id="app-1", org=org, name=name), False
+        return Principal("key-1", "fleet", "acme", None), models.Application(id="app-1", org="acme", name=name)
 
 
 @dataclass
