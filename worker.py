@@ -58,6 +58,12 @@ log = logging.getLogger("relay.worker")
 
 # Every executor is a long-lived workflow: keep a whole fleet cached, so a signal does not replay its history.
 MAX_CACHED_WORKFLOWS = 20_000
+# Workflow tasks (and local activities) one worker holds at once. The SDK's default, 100, is less than one burst of
+# deaths needs: each death's workflow task holds its slot while its local activities run, so the 101st task waited on
+# the worker's sticky queue past ``STICKY_SCHEDULE_TO_START``, timed out, and went back to the shared queue to be
+# replayed from its whole history (dozens per burst of 100 in P4, each a second late and a replay's CPU). A slot is a
+# permit, not a thread: tasks a worker holds and has not got to wait in its memory rather than on the server.
+MAX_CONCURRENT_TASKS = 1000
 # A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this long
 # they go back to the shared queue, so timers of a restarted Relay fire about on time (the default is 10 s).
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
@@ -140,6 +146,8 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
                     *alerts.all(), *OwnAlertActivities(store, settings).all(), *OrphanActivities(store).all(),
                     *ReconcileActivities(store).all()],
         max_cached_workflows=MAX_CACHED_WORKFLOWS,
+        max_concurrent_workflow_tasks=MAX_CONCURRENT_TASKS,
+        max_concurrent_local_activities=MAX_CONCURRENT_TASKS,
         # The SDK's default, at most 5 workflow-task polls at once, capped a connect storm at ~47 registrations/s
         # with the machine half idle: every new executor's first task comes through the shared queue, one poll
         # each. Scaled on the server's feedback (Temporal's advice for production), 1,000 at once register at

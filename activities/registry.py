@@ -8,6 +8,7 @@ event's row reports it (the store says so): an activity retried after its row la
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -36,6 +37,7 @@ from workflows.contracts.gateway_watch import (
 from workflows.contracts.lifecycle import (
     DeleteExecutorInput,
     GetExecutorTimeoutInput,
+    GraceStart,
     PeerAvailableSignal,
     RecordStatusInput,
     SelectCandidateInput,
@@ -75,6 +77,16 @@ class RegistryActivities:
         if dead:
             signal = PeerAvailableSignal(input.executor_id, input.info.application_version if input.info else "")
             await wake_recoveries(activity.client(), input.org, input.app, dead, signal)
+
+    @activity.defn(name=Activity.BEGIN_GRACE)
+    async def begin_grace(self, input: RecordStatusInput) -> GraceStart | None:
+        begun = await self._db.first(self._store.begin_grace, org=input.org, app=input.app,
+                                     executor_id=input.executor_id, event_key=input.event_key, details=input.details)
+        if begun is None:
+            return None
+        if begun.written or activity.info().attempt == 1:  # by this call, or by the gateway: reported here once
+            _report_status(dataclasses.replace(input, durations={"executorTimeoutSecs": begun.grace}))
+        return GraceStart(at=begun.at, grace=begun.grace)
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:
@@ -159,8 +171,9 @@ class RegistryActivities:
                            connection_id=row.connection_id or "")
 
     def all(self) -> list[Callable[..., Any]]:
-        return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.disconnect_gateway_executors, self.gateway_gone, self.get_registry_row]
+        return [self.record_status, self.begin_grace, self.get_executor_timeout, self.select_candidate,
+                self.write_audit, self.delete_executor, self.disconnect_gateway_executors, self.gateway_gone,
+                self.get_registry_row]
 
 
 # -- reporting lifecycle events: a console line each, and metrics -------------------------------------------------

@@ -94,7 +94,8 @@ DEAD_LATENESS = Histogram("relay_dead_lateness_seconds", "DEAD recorded minus th
                           "(DISCONNECTED recorded + the app's executorTimeoutSecs, or an extended grace's end).",
                           buckets=_FAST, registry=REGISTRY)
 SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From a socket event on an executor's gateway (handshake "
-                         "done, socket closed) to its status (HEALTHY, DISCONNECTED) written in the registry.",
+                         "done, socket closed) to its lifecycle workflow recording it (HEALTHY written in the "
+                         "registry; DISCONNECTED, which the gateway writes at the close, taken in).",
                          buckets=_FAST, registry=REGISTRY)
 TRANSITIONS = Counter("relay_executor_transitions", "Executor statuses written to the registry.",
                       ["org", "app", "status"], registry=REGISTRY)

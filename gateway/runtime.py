@@ -45,7 +45,14 @@ from workflows.contracts.common import (
     lifecycle_workflow_id,
 )
 from workflows.contracts.gateway_watch import GatewayInput
-from workflows.contracts.lifecycle import LifecycleInput, PeerAvailableSignal, RemovedSignal, Signal, wake_recoveries
+from workflows.contracts.lifecycle import (
+    LifecycleInput,
+    PeerAvailableSignal,
+    RemovedSignal,
+    Signal,
+    disconnect_event_key,
+    wake_recoveries,
+)
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.management import ManagementRequestWorkflow
@@ -312,6 +319,21 @@ class Gateway:
         key = (org, app, executor_id)
         self.spawn(self._lanes.send(key, connection_id, connected=False, send=lambda: self._retry(
             send, f"disconnected for {executor_id}", lambda: self._lanes.is_latest(key, connection_id))))
+        if self.hub.find(org, app, executor_id) is None:  # else a newer socket here superseded this one: stale
+            self.spawn(self._record_disconnect(org, app, executor_id, connection_id, signal.signal_id))
+
+    async def _record_disconnect(self, org: str, app: str, executor_id: str, connection_id: str,
+                                 signal_id: str) -> None:
+        """The registry says DISCONNECTED as soon as the socket closed, not a workflow task later: the row the
+        executor's lifecycle workflow writes on this signal, under the key the signal names
+        (``Store.record_disconnect``: only over that workflow's HEALTHY row for this very socket). Best effort: the
+        workflow writes it if this does not."""
+        try:
+            await self.store.call(self.store.record_disconnect, org=org, app=app, executor_id=executor_id,
+                                  connection_id=connection_id,
+                                  event_key=disconnect_event_key(org, app, executor_id, signal_id))
+        except Exception as err:  # the database away: the workflow writes the row when the signal lands
+            log.debug("DISCONNECTED of %s left to its workflow: %s", executor_id, err)
 
     def spawn(self, work: Awaitable[object]) -> None:
         """Run ``work`` in the background; ``drain`` waits for what is still running at shutdown."""

@@ -49,6 +49,7 @@ from workflows.contracts.lifecycle import (
     ExistPendingInput,
     ExistPendingReply,
     GetExecutorTimeoutInput,
+    GraceStart,
     LifecycleInput,
     LifecycleResult,
     LifecycleState,
@@ -175,8 +176,8 @@ class FakeRelay:
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
-        return [self.record_status, self.get_executor_timeout, self.select_candidate, self.write_audit,
-                self.delete_executor, self.admit_recovery, self.gateway_gone, self.get_registry_row,
+        return [self.record_status, self.begin_grace, self.get_executor_timeout, self.select_candidate,
+                self.write_audit, self.delete_executor, self.admit_recovery, self.gateway_gone, self.get_registry_row,
                 self.start_own_alert]
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
@@ -206,6 +207,18 @@ class FakeRelay:
         call = await self._call(self.records, input)
         self._fail_first(call, input.operation)
         return call.scheduled + self.write_lag  # the row's time: the test server's clock, as the worker's would be
+
+    @activity.defn(name=Activity.BEGIN_GRACE)
+    async def begin_grace(self, input: RecordStatusInput) -> GraceStart | None:
+        """The app's grace read (counted in ``timeouts``) and DISCONNECTED recorded (in ``records``), in one call, as
+        ``Store.begin_grace`` does; nothing recorded when the app is gone (``grace`` None)."""
+        await self._call(self.timeouts, GetExecutorTimeoutInput(input.org, input.app))
+        if self.grace is None:
+            return None
+        call = await self._call(self.records, dataclasses.replace(
+            input, durations={**input.durations, "executorTimeoutSecs": self.grace}))
+        self._fail_first(call, input.operation)
+        return GraceStart(at=call.scheduled + self.write_lag, grace=self.grace)
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:

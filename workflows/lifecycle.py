@@ -16,7 +16,14 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.lifecycle_base import FENCE_PATCH, GENERATION_1_PATCH, GENERATION_2_PATCH, Removed
+from workflows.lifecycle_base import (
+    FENCE_PATCH,
+    GENERATION_1_PATCH,
+    GENERATION_2_PATCH,
+    GENERATION_3_PATCH,
+    GRACE_IN_ONE_WRITE_PATCH,
+    Removed,
+)
 from workflows.recovery import RecoverySteps
 
 with workflow.unsafe.imports_passed_through():
@@ -30,13 +37,17 @@ with workflow.unsafe.imports_passed_through():
         NEW,
         DeleteExecutorInput,
         GetExecutorTimeoutInput,
+        GraceStart,
         LifecycleInput,
         LifecycleResult,
         LifecycleState,
         PeerAvailableSignal,
+        RecordStatusInput,
         RemovedSignal,
         Signal,
+        begin_grace,
         delete_executor,
+        disconnect_event_key,
         get_executor_timeout,
     )
     from workflows.contracts.orphans import OrphanInfo
@@ -58,7 +69,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
-        self._generation_1 = self._generation_2 = False  # set first thing in run()
+        self._generation_1 = self._generation_2 = self._generation_3 = False  # set first thing in run()
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -67,6 +78,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         if self._duplicate(signal.signal_id):
             return
         self._state.connection = signal
+        self._state.disconnect_signal_id = ""  # a new connection: no disconnect of an older one is to be written
 
     @workflow.signal(name=Signal.DISCONNECTED)
     def disconnected(self, signal: DisconnectedSignal) -> None:
@@ -80,6 +92,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             self._state.unrecorded = current
         self._state.connection = None
         self._state.disconnected_at = signal.at
+        self._state.disconnect_signal_id = signal.signal_id
 
     @workflow.signal(name=Signal.PEER_AVAILABLE)
     def peer_available(self, signal: PeerAvailableSignal) -> None:
@@ -109,8 +122,9 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        # A new run writes generation 2's marker only; a run started before it replays generation 1's (or none).
-        self._generation_2 = workflow.patched(GENERATION_2_PATCH)
+        # A new run writes generation 3's marker only; a run started before it replays generation 2's or 1's (or none).
+        self._generation_3 = workflow.patched(GENERATION_3_PATCH)
+        self._generation_2 = self._generation_3 or workflow.patched(GENERATION_2_PATCH)
         self._generation_1 = self._generation_2 or workflow.patched(GENERATION_1_PATCH)
         try:
             if input.orphan is not None and input.state is None:
@@ -269,26 +283,54 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             # recorded. It is recorded now; the loop goes on to its grace, not to a second "reconnected".
             state.unrecorded = None
 
+    async def _begin_grace(self) -> GraceStart:
+        """Record DISCONNECTED with the app's grace in one local activity (``GRACE_IN_ONE_WRITE_PATCH``), under the
+        key its signal names, or found written there by the gateway; when the grace began (the row's time) and how
+        long it is."""
+        state, i = self._state, self._input
+        signal_id, state.disconnect_signal_id = state.disconnect_signal_id, ""
+        operation = "executor.disconnected"
+        key = (disconnect_event_key(i.org, i.app, i.executor_id, signal_id) if signal_id
+               else self._event_key(operation))
+        details: dict[str, object] = {"connection_id": state.recorded_connection_id}
+        if state.orphan:
+            details["orphan"] = True
+        begun = await self._db(begin_grace, RecordStatusInput(
+            i.org, i.app, i.executor_id, ExecutorStatus.DISCONNECTED, operation, event_key=key, details=details,
+            disconnected_at=state.disconnected_at))
+        if begun is None:  # the app was deleted (a late `connected` started this run): nothing to recover
+            self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
+            raise Removed()
+        self._recorded(ExecutorStatus.DISCONNECTED)
+        return begun
+
+    async def _begin_grace_in_two_writes(self) -> GraceStart:
+        """A grace begun before ``GRACE_IN_ONE_WRITE_PATCH``: the app's grace read, then DISCONNECTED recorded."""
+        state = self._state
+        grace = await self._db(get_executor_timeout, GetExecutorTimeoutInput(self._input.org, self._input.app))
+        if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover
+            self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
+            raise Removed()
+        recorded_at = await self._record(
+            ExecutorStatus.DISCONNECTED,
+            "executor.disconnected",
+            details={"connection_id": state.recorded_connection_id},
+            durations={"executorTimeoutSecs": grace},
+        )
+        # The grace runs from the DISCONNECTED row, as audited: in a burst its write can trail this workflow
+        # task by a good part of a second, and DEAD never comes sooner than that row's time plus the grace.
+        began = workflow.now() if recorded_at is None else max(workflow.now(), recorded_at)
+        return GraceStart(began, grace)
+
     async def _grace_expired(self) -> bool:
         """Record DISCONNECTED (once) and wait out the app's grace, but for the fence's lead (``FENCE_AHEAD_PATCH``);
         True when no reconnect came in time."""
         state = self._state
         if state.status != ExecutorStatus.DISCONNECTED or state.grace_deadline is None:
-            grace = await self._db(get_executor_timeout, GetExecutorTimeoutInput(self._input.org, self._input.app))
-            if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover
-                self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
-                raise Removed()
-            recorded_at = await self._record(
-                ExecutorStatus.DISCONNECTED,
-                "executor.disconnected",
-                details={"connection_id": state.recorded_connection_id},
-                durations={"executorTimeoutSecs": grace},
-            )
-            # The grace runs from the DISCONNECTED row, as audited: in a burst its write can trail this workflow
-            # task by a good part of a second, and DEAD never comes sooner than that row's time plus the grace.
-            began = workflow.now() if recorded_at is None else max(workflow.now(), recorded_at)
-            state.grace_deadline = began + grace
-            state.grace = grace
+            begun = await (self._begin_grace() if self._patched(GRACE_IN_ONE_WRITE_PATCH)
+                           else self._begin_grace_in_two_writes())
+            state.grace_deadline = begun.at + begun.grace
+            state.grace = begun.grace
             self._describe("")
         ahead = self._fence_lead()  # the fence's probe goes out that long before the grace's end
         remaining = state.grace_deadline - ahead - workflow.now()

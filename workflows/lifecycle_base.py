@@ -112,6 +112,16 @@ FENCE_AHEAD_PATCH = "fence-ahead-of-grace-end"
 # the two after it (``PATCHES_IN_GENERATION_2``). A run with only generation 1's marker asks for those two itself.
 GENERATION_2_PATCH = "lifecycle-generation-2"
 PATCHES_IN_GENERATION_2 = PATCHES_IN_GENERATION_1 | {OWN_ALERTS_PATCH, FENCE_AHEAD_PATCH}
+# From this patch on, a grace begins with one local activity, ``begin_grace``: it reads the app's grace and writes
+# DISCONNECTED in one transaction (two local activities before, each a round through the worker), under the event key
+# the ``disconnected`` signal names (``disconnect_event_key``). The gateway that saw the socket close writes the same
+# row under the same key as it signals (``Store.record_disconnect``), so the registry says DISCONNECTED without
+# waiting for this workflow's task, and the row lands once. The grace runs from that row's time: the close, as the
+# gateway saw it (the fence still gives back any time its gateway was out of contact with Temporal).
+GRACE_IN_ONE_WRITE_PATCH = "grace-in-one-write"
+# From this patch on, a new run asks ``workflow.patched`` for this only: generation 2's patches and the one after.
+GENERATION_3_PATCH = "lifecycle-generation-3"
+PATCHES_IN_GENERATION_3 = PATCHES_IN_GENERATION_2 | {GRACE_IN_ONE_WRITE_PATCH}
 
 
 class LifecycleBase:
@@ -124,6 +134,7 @@ class LifecycleBase:
     _peer_hint: bool
     _generation_1: bool
     _generation_2: bool
+    _generation_3: bool
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -186,6 +197,11 @@ class LifecycleBase:
                 disconnected_at=self._state.disconnected_at if status == ExecutorStatus.DISCONNECTED else None,
             ),
         )
+        self._recorded(status)
+        return recorded_at
+
+    def _recorded(self, status: ExecutorStatus) -> None:
+        """The registry says ``status`` now: the state, the UI's details and the status attribute follow."""
         self._state.status = status
         self._state.revived = False
         self._state.gate_ticket = ""  # a death after this one asks the gate anew
@@ -193,7 +209,6 @@ class LifecycleBase:
         if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
             workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status.value)])
-        return recorded_at
 
     async def _audit(self, operation: str, status: str, details: dict[str, object], *,
                      durations: dict[str, timedelta] | None = None) -> str:
@@ -247,9 +262,10 @@ class LifecycleBase:
                                                retry_policy=DB_RETRY)
 
     def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched``, unless the run's generation already says (``GENERATION_2_PATCH``,
-        ``GENERATION_1_PATCH``)."""
-        return ((self._generation_2 and patch_id in PATCHES_IN_GENERATION_2)
+        """``workflow.patched``, unless the run's generation already says (``GENERATION_3_PATCH``,
+        ``GENERATION_2_PATCH``, ``GENERATION_1_PATCH``)."""
+        return ((self._generation_3 and patch_id in PATCHES_IN_GENERATION_3)
+                or (self._generation_2 and patch_id in PATCHES_IN_GENERATION_2)
                 or (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id))
 
     def _describe(self, note: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists
@@ -15,10 +15,10 @@ from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
-from core.models import AuditLog, Executor, RecoveryClaim, RecoveryTicket, new_id
+from core.models import Application, AuditLog, Executor, RecoveryClaim, RecoveryTicket, new_id
 from core.store.base import StoreBase
 from core.types import ExecutorInfo, ExecutorStatus
-from core.units import utcnow
+from core.units import rest_durations, utcnow
 
 # A DEAD executor's recovery steps, as its lifecycle workflow audits them: the last one since it died says whether
 # its recovery is blocked for lack of a peer (``Store.blocked_recoveries``).
@@ -35,6 +35,16 @@ class StatusWritten:
     written: bool
     dead: list[str]
     at: datetime
+
+
+@dataclass(frozen=True)
+class GraceBegun:
+    """What ``Store.begin_grace`` found or wrote: when the DISCONNECTED row says the executor went away, the grace
+    it audited, and whether this call wrote it."""
+
+    at: datetime
+    grace: timedelta
+    written: bool
 
 
 @dataclass(frozen=True)
@@ -96,6 +106,51 @@ _INSERT_AUDIT = sa_insert(AuditLog)
 # A new row's columns that a status write does not set.
 _NEW_ROW = {"app_version": "", "hostname": None, "language": None, "dbos_version": None, "executor_metadata": None,
             "gateway_queue": None, "connection_id": None}
+_LANDED = sa_select(col(AuditLog.emit_time), col(AuditLog.details)).where(
+    col(AuditLog.event_key) == bindparam("event_key"))
+_APP_GRACE = sa_select(col(Application.executor_timeout)).where(
+    col(Application.org) == bindparam("org"), col(Application.name) == bindparam("app"))
+_DISCONNECT_HEALTHY = sa_update(Executor).where(*_PK, col(Executor.status) == bindparam("k_healthy"),
+                                                col(Executor.connection_id) == bindparam("k_connection_id"))
+DISCONNECTED_OPERATION = "executor.disconnected"
+# The grace a DISCONNECTED row's audit details carry, in the REST unit its name states.
+GRACE_DETAIL = "executorTimeoutSecs"
+
+
+def _audit_row(*, org: str, app: str, executor_id: str, operation: str, event_key: str, now: datetime,
+               details: dict[str, Any]) -> dict[str, Any]:
+    return {"id": new_id(), "event_key": event_key, "org": org, "app": app, "executor_id": executor_id,
+            "operation": operation, "status": "success", "subject": "system", "source_ip": "", "details": details,
+            "emit_time": now}
+
+
+def _write_status(c: Connection, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
+                  event_key: str, info: ExecutorInfo | None, connection_id: str | None, gateway_queue: str | None,
+                  details: dict[str, Any]) -> datetime:
+    """Upsert the registry row and insert its audit row (the caller found ``event_key`` not landed); their time."""
+    key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+    now = utcnow()
+    values: dict[str, Any] = {"status": status, "updated_at": now}
+    if info is not None:
+        values |= {"app_version": info.application_version, "hostname": info.hostname,
+                   "language": info.language, "dbos_version": info.dbos_version,
+                   "executor_metadata": info.executor_metadata}
+    if connection_id is not None:
+        values |= {"connection_id": connection_id, "gateway_queue": gateway_queue}
+    was = c.execute(_STATUS, key).scalar()
+    if was is None:
+        c.execute(_INSERT_EXECUTOR, {"org": org, "app": app, "executor_id": executor_id,
+                                     **_NEW_ROW, **values, "created_at": now})
+    else:
+        if was == ExecutorStatus.DEAD and status == ExecutorStatus.HEALTHY:
+            # Back before its recovery was let through: its ticket no longer waits at the gate (nor, for the
+            # breaker, is it an executor gone down). A ticket let through stays: it says which peer carried a
+            # recovery.
+            c.execute(_DROP_WAITING_TICKET, key)
+        c.execute(_UPDATE_EXECUTOR, key | values)
+    c.execute(_INSERT_AUDIT, _audit_row(org=org, app=app, executor_id=executor_id, operation=operation,
+                                        event_key=event_key, now=now, details=details))
+    return now
 
 
 class RegistryStore(StoreBase):
@@ -110,36 +165,61 @@ class RegistryStore(StoreBase):
         """Upsert the registry row and write its audit row, both at most once per ``event_key``; whether this call
         wrote them and, for a HEALTHY write, the ids of the app's DEAD executors (each one's workflow may be waiting
         for a peer)."""
-        key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
         with self.engine.begin() as c:
             landed_at = c.execute(_LANDED_AT, {"event_key": event_key}).scalar()
-            landed = landed_at is not None
-            now = landed_at or utcnow()
-            if not landed:  # else a retried activity: this event already landed
-                values: dict[str, Any] = {"status": status, "updated_at": now}
-                if info is not None:
-                    values |= {"app_version": info.application_version, "hostname": info.hostname,
-                               "language": info.language, "dbos_version": info.dbos_version,
-                               "executor_metadata": info.executor_metadata}
-                if connection_id is not None:
-                    values |= {"connection_id": connection_id, "gateway_queue": gateway_queue}
-                was = c.execute(_STATUS, key).scalar()
-                if was is None:
-                    c.execute(_INSERT_EXECUTOR, {"org": org, "app": app, "executor_id": executor_id,
-                                                 **_NEW_ROW, **values, "created_at": now})
-                else:
-                    if was == ExecutorStatus.DEAD and status == ExecutorStatus.HEALTHY:
-                        # Back before its recovery was let through: its ticket no longer waits at the gate (nor,
-                        # for the breaker, is it an executor gone down). A ticket let through stays: it says which
-                        # peer carried a recovery.
-                        c.execute(_DROP_WAITING_TICKET, key)
-                    c.execute(_UPDATE_EXECUTOR, key | values)
-                c.execute(_INSERT_AUDIT, {
-                    "id": new_id(), "event_key": event_key, "org": org, "app": app, "executor_id": executor_id,
-                    "operation": operation, "status": "success", "subject": "system", "source_ip": "",
-                    "details": details, "emit_time": now})
+            now = landed_at or _write_status(c, org=org, app=app, executor_id=executor_id, status=status,
+                                             operation=operation, event_key=event_key, info=info,
+                                             connection_id=connection_id, gateway_queue=gateway_queue,
+                                             details=details)
             dead = dead_executors(c, org, app) if status == ExecutorStatus.HEALTHY else []
-            return StatusWritten(written=not landed, dead=dead, at=now)
+            return StatusWritten(written=landed_at is None, dead=dead, at=now)
+
+    def begin_grace(self, *, org: str, app: str, executor_id: str, event_key: str,
+                    details: dict[str, Any]) -> GraceBegun | None:
+        """Record DISCONNECTED with the app's grace (``executorTimeoutSecs`` in the audit row), read in the same
+        transaction, at most once per ``event_key``: a row already landed under it (the gateway's, or an earlier try)
+        is answered as it was written. None when the app no longer exists."""
+        with self.engine.begin() as c:
+            landed = c.execute(_LANDED, {"event_key": event_key}).one_or_none()
+            if landed is not None:
+                secs = (landed.details or {}).get(GRACE_DETAIL)
+                grace = timedelta(seconds=secs) if secs is not None else c.execute(
+                    _APP_GRACE, {"org": org, "app": app}).scalar()
+                return None if grace is None else GraceBegun(at=landed.emit_time, grace=grace, written=False)
+            grace = c.execute(_APP_GRACE, {"org": org, "app": app}).scalar()
+            if grace is None:
+                return None
+            at = _write_status(c, org=org, app=app, executor_id=executor_id, status=ExecutorStatus.DISCONNECTED,
+                               operation=DISCONNECTED_OPERATION, event_key=event_key, info=None, connection_id=None,
+                               gateway_queue=None, details={**details, **rest_durations({GRACE_DETAIL: grace})})
+            return GraceBegun(at=at, grace=grace, written=True)
+
+    def record_disconnect(self, *, org: str, app: str, executor_id: str, connection_id: str,
+                          event_key: str) -> bool:
+        """The gateway's own DISCONNECTED for a socket it saw close, written as it signals ``disconnected``: only
+        over the row the lifecycle workflow last wrote for that very socket (HEALTHY, that connection id), so it is
+        the same step the workflow takes on that signal, under the same event key (``disconnect_event_key``), and
+        whichever writes it second finds it landed. Any other row (a newer connection recorded, DEAD, none yet) is
+        left to the workflow. The workflow still decides everything after: the grace, DEAD, the recovery. True
+        when this call wrote it."""
+        key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+        with self.engine.begin() as c:
+            if c.execute(_LANDED_AT, {"event_key": event_key}).scalar() is not None:
+                return False
+            grace = c.execute(_APP_GRACE, {"org": org, "app": app}).scalar()
+            if grace is None:
+                return False
+            now = utcnow()
+            moved = c.execute(_DISCONNECT_HEALTHY, key | {
+                "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": connection_id,
+                "status": ExecutorStatus.DISCONNECTED, "updated_at": now})
+            if moved.rowcount != 1:
+                return False
+            c.execute(_INSERT_AUDIT, _audit_row(org=org, app=app, executor_id=executor_id,
+                                                operation=DISCONNECTED_OPERATION, event_key=event_key, now=now,
+                                                details={"connection_id": connection_id,
+                                                         **rest_durations({GRACE_DETAIL: grace})}))
+            return True
 
     def dead_since(self, *, org: str, app: str, executor_id: str) -> datetime | None:
         """When the executor was recorded DEAD (its row's last write), or None when it is not DEAD."""

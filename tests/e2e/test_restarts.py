@@ -376,6 +376,42 @@ def test_worker_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
             p.stop()
 
 
+def test_the_gateway_records_a_close_while_no_worker_runs(cluster: Cluster, tmp_path: Path) -> None:
+    """The gateway that sees a socket close writes DISCONNECTED itself, the row the lifecycle workflow writes on that
+    signal, under the key the signal names: the registry says so while no worker runs. The worker, back, finds that
+    row rather than writing a second, and the grace runs from it: DEAD at the close plus the grace, not a grace after
+    the worker came back; recovered once."""
+    app, grace, away = "gateway-writes", 8, 4
+    cluster.register(app, grace)
+    peer = RawPeer(cluster.ws_url, app, cluster.key, "peer")
+    dead = RawPeer(cluster.ws_url, app, cluster.key, "dead")
+    try:
+        for executor_id in ("peer", "dead"):
+            cluster.wait_status(app, executor_id, "HEALTHY", timeout=10)
+            cluster.wait_recorded(app, executor_id)
+        cluster.kill("worker")
+        dead.stop()
+        cluster.wait_status(app, "dead", "DISCONNECTED", timeout=5)
+        closed = _one(cluster.audit(app, "dead"), "executor.disconnected")
+        assert closed.details["executorTimeoutSecs"] == grace and closed.details["connection_id"], closed.details
+        # Away long enough that a grace counted from the worker's return would end well past the slack.
+        wait_until(lambda: time.time() > closed.emit_time + away, timeout=away + 5, what="the worker away")
+        cluster.spawn_worker()
+        cluster.wait_worker()
+
+        cluster.wait_status(app, "dead", None, timeout=grace + 15)
+        rows = cluster.audit(app, "dead")
+        _assert_recovered_once(rows)
+        assert _one(rows, "executor.disconnected") == closed
+        assert [r["executor_ids"] for r in peer.requests_of("recovery")] == [["dead"]]
+        late = _one(rows, "executor.dead").emit_time - (closed.emit_time + grace)
+        print(f"\nDEAD {late:+.2f}s from the close plus the grace (the worker away {away} s of it)")
+        assert -0.5 <= late <= ON_TIME_SLACK, f"DEAD {late:+.2f}s off the close plus the grace"
+    finally:
+        peer.stop()
+        dead.stop()
+
+
 def test_gateway_killed_mid_grace(cluster: Cluster, tmp_path: Path) -> None:
     """Only the gateway SIGKILLed mid-grace: the timer fires at its original time; the executors it held are
     disconnected by the gateway watch, reconnect to the restarted gateway within their grace and are not

@@ -14,7 +14,7 @@ from sqlmodel import Session, select
 
 from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
-from core.store import MANAGEMENT_CLAIM_TTL, StatusWritten, Store
+from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, StatusWritten, Store
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
@@ -214,3 +214,67 @@ def test_a_joining_executor_is_checked_on_one_connection_and_registers_a_new_app
         registered = s.exec(select(AuditLog.app, AuditLog.source_ip).where(
             AuditLog.operation == "app.registered")).all()
     assert sorted(registered) == sorted([(APP, ""), ("new-app", "10.0.0.9")])
+
+
+def _disconnected_rows(store: Store, executor_id: str) -> list[AuditLog]:
+    with Session(store.engine) as s:
+        return list(s.exec(select(AuditLog).where(AuditLog.executor_id == executor_id,
+                                                  AuditLog.operation == "executor.disconnected")).all())
+
+
+def test_a_gateways_disconnect_moves_only_the_workflows_healthy_row_for_that_socket(store: Store) -> None:
+    """``record_disconnect`` (the gateway, as a socket closes): DISCONNECTED, audited with the app's grace, only over
+    the HEALTHY row of that very connection; any other row (a newer connection, not HEALTHY, none) is left to the
+    lifecycle workflow. Once per key."""
+    store.update_app(ORG, APP, {"executor_timeout": timedelta(seconds=7)}, subject="test")
+    _executor(store, "x1", "v1", ExecutorStatus.HEALTHY)  # connection conn-x1
+
+    def gateway(executor_id: str, connection_id: str, key: str) -> bool:
+        return store.record_disconnect(org=ORG, app=APP, executor_id=executor_id, connection_id=connection_id,
+                                       event_key=key)
+
+    assert not gateway("x1", "conn-older", "k-older")  # a socket the workflow no longer records
+    assert not gateway("nobody", "conn-nobody", "k-nobody")  # no row yet: HEALTHY not recorded
+    before = utcnow()
+    assert gateway("x1", "conn-x1", "k1")
+    assert not gateway("x1", "conn-x1", "k1")  # the same event again
+    [row] = [e for e in store.list_executors(ORG, APP) if e.executor_id == "x1"]
+    assert (row.status, row.connection_id, row.app_version) == (ExecutorStatus.DISCONNECTED, "conn-x1", "v1")
+    assert before <= row.updated_at <= utcnow()
+    [audit] = _disconnected_rows(store, "x1")
+    assert (audit.event_key, audit.details, audit.emit_time) == (
+        "k1", {"connection_id": "conn-x1", "executorTimeoutSecs": 7}, row.updated_at)
+    assert not gateway("x1", "conn-x1", "k2")  # not HEALTHY any more: a second close changes nothing
+    _executor(store, "x2", "v1", ExecutorStatus.DEAD)
+    assert not gateway("x2", "conn-x2", "k3")  # DEAD stays DEAD
+    assert [e.status for e in store.list_executors(ORG, APP) if e.executor_id == "x2"] == [ExecutorStatus.DEAD]
+
+
+def test_the_workflows_grace_begins_with_the_gateways_row_or_its_own(store: Store) -> None:
+    """``begin_grace`` (the lifecycle's local activity): under the key the gateway wrote, that row's time and grace,
+    nothing written again, even after the app's grace changed; under a key not landed, DISCONNECTED written now with
+    the app's grace; None when the app is gone."""
+    store.update_app(ORG, APP, {"executor_timeout": timedelta(seconds=7)}, subject="test")
+    _executor(store, "x1", "v1", ExecutorStatus.HEALTHY)
+    assert store.record_disconnect(org=ORG, app=APP, executor_id="x1", connection_id="conn-x1", event_key="k1")
+    [gateway_row] = _disconnected_rows(store, "x1")
+    store.update_app(ORG, APP, {"executor_timeout": timedelta(seconds=9)}, subject="test")
+
+    def begin(executor_id: str, key: str) -> object:
+        return store.begin_grace(org=ORG, app=APP, executor_id=executor_id, event_key=key,
+                                 details={"connection_id": f"conn-{executor_id}"})
+
+    found = begin("x1", "k1")
+    assert found == GraceBegun(at=gateway_row.emit_time, grace=timedelta(seconds=7), written=False)
+    assert len(_disconnected_rows(store, "x1")) == 1
+    _executor(store, "x2", "v1", ExecutorStatus.HEALTHY)
+    before = utcnow()
+    own = begin("x2", "k2")
+    assert isinstance(own, GraceBegun) and own.written and own.grace == timedelta(seconds=9)
+    assert before <= own.at <= utcnow()
+    assert begin("x2", "k2") == GraceBegun(at=own.at, grace=timedelta(seconds=9), written=False)  # a retry
+    [row] = _disconnected_rows(store, "x2")
+    assert row.details == {"connection_id": "conn-x2", "executorTimeoutSecs": 9}
+    assert [e.status for e in store.list_executors(ORG, APP) if e.executor_id == "x2"] == [ExecutorStatus.DISCONNECTED]
+    store.delete_app(ORG, APP, subject="test", source_ip="", orphans=[], details={})
+    assert begin("x3", "k3") is None

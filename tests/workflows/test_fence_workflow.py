@@ -14,7 +14,7 @@ from datetime import timedelta
 from tests.lifecycle_fakes import DEAD, DISCONNECTED, GRACE, HEALTHY, RECONNECTED, Relay
 from tests.workflows.test_lifecycle_workflow import relay  # noqa: F401 — the workers fixture
 from workflows.contracts.gateway_watch import ProbeGatewayReply
-from workflows.contracts.lifecycle import LifecycleResult
+from workflows.contracts.lifecycle import LifecycleResult, disconnect_event_key
 from workflows.timing import FENCE_LEAD
 
 
@@ -138,6 +138,28 @@ async def test_an_older_gateway_answering_at_once_is_asked_again_when_the_grace_
     assert at_the_end.scheduled >= disconnected.scheduled + GRACE - timedelta(seconds=1)
     assert dead.scheduled >= at_the_end.scheduled
 
+
+
+async def test_a_row_the_gateway_wrote_at_the_close_is_the_graces_start_and_key(relay: Relay) -> None:  # noqa: F811
+    """The gateway that saw the socket close wrote DISCONNECTED itself, 5 s before the workflow's task came (its
+    row's time is the close): the workflow asks under the key its ``disconnected`` signal names, so it finds that row
+    rather than writing a second, and the grace runs from the close, not from when the workflow got to it."""
+    fakes = relay.fakes
+    fakes.write_lag = -timedelta(seconds=5)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1", signal_id="closed-on-gateway")
+
+    await relay.result()
+
+    healthy, disconnected, dead = fakes.records[:3]
+    assert disconnected.input.event_key == disconnect_event_key("acme", "shop", relay.executor_id,
+                                                                "closed-on-gateway")
+    assert healthy.input.event_key != disconnected.input.event_key != dead.input.event_key
+    deadline = fakes.probes[0].input.answer_at
+    assert deadline is not None
+    assert abs(deadline - (disconnected.scheduled - timedelta(seconds=5) + GRACE)) < timedelta(seconds=1)
+    assert dead.scheduled < disconnected.scheduled + GRACE - timedelta(seconds=3)
 
 
 async def test_the_grace_runs_from_the_disconnected_rows_time(relay: Relay) -> None:  # noqa: F811

@@ -303,7 +303,7 @@ async def test_a_new_run_asks_for_one_patch_only() -> None:
     versions = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
                 and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes
                 .search_attributes.indexed_fields]
-    assert len(patches) == 1 and lifecycle_base.GENERATION_2_PATCH.encode() in patches[0].payloads[0].data
+    assert len(patches) == 1 and lifecycle_base.GENERATION_3_PATCH.encode() in patches[0].payloads[0].data
     assert len(versions) == 1
     timer = next(n for n, e in enumerate(history.events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
     assert not [e for e in history.events[timer:] if e.event_type in (

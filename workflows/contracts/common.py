@@ -24,6 +24,8 @@ class Activity:
 
     RECORD_STATUS = "record_status"
     GET_EXECUTOR_TIMEOUT = "get_executor_timeout"
+    # DISCONNECTED and the grace it begins, in one local activity (``GRACE_IN_ONE_WRITE_PATCH``).
+    BEGIN_GRACE = "begin_grace"
     SELECT_CANDIDATE = "select_candidate"
     WRITE_AUDIT = "write_audit"
     DELETE_EXECUTOR = "delete_executor"

@@ -96,6 +96,11 @@ class LifecycleState:
     orphan: bool = False
     # When the gateway saw the current connection close (``DisconnectedSignal.at``): for the signal-delay metric.
     disconnected_at: datetime | None = None
+    # The signal id of the ``disconnected`` that ended the current connection, until its DISCONNECTED row is
+    # written: that row's event key (``disconnect_event_key``), the same one the gateway that saw the socket close
+    # writes it under, so the row lands once, whichever writes it first. Empty in older state, and for a
+    # DISCONNECTED no signal brought (the reconciliation's): a key of the workflow's own then.
+    disconnect_signal_id: str = ""
     # Since ``OWN_ALERTS_PATCH``: when the current recovery was first found blocked (no HEALTHY peer of its version)
     # and its RecoveryBlocked alert started; carried across continue-as-new, so the RecoveryUnblocked that ends it
     # goes out from whichever run the recovery goes ahead in, and a continued run does not alert again.
@@ -156,6 +161,22 @@ class RecordStatusInput:
     connected_at: datetime | None = None
     grace_deadline: datetime | None = None
     disconnected_at: datetime | None = None
+
+
+def disconnect_event_key(org: str, app: str, executor_id: str, signal_id: str) -> str:
+    """The event key of the DISCONNECTED row a ``disconnected`` signal brings: written by the gateway that saw the
+    socket close (``Store.record_disconnect``) or by the lifecycle workflow (``begin_grace``), whichever is first;
+    the other finds it landed."""
+    return f"{lifecycle_workflow_id(org, app, executor_id)}/executor.disconnected/{signal_id}"
+
+
+@dataclass
+class GraceStart:
+    """``begin_grace``'s answer: when the DISCONNECTED row says the executor went away, and the grace it audited
+    (the app's ``executorTimeoutSecs`` as it was then)."""
+
+    at: datetime
+    grace: timedelta
 
 
 @dataclass
@@ -240,6 +261,14 @@ class ExistPendingReply:
 async def record_status(input: RecordStatusInput) -> RecordedAt:
     """Write the registry row and its audit row, at most once per event key; when the audit row says it happened
     (None from a history recorded before the activity said so)."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.BEGIN_GRACE)
+async def begin_grace(input: RecordStatusInput) -> GraceStart | None:
+    """Record DISCONNECTED (at most once per event key: the gateway may have written it already) with the app's
+    grace, read in the same transaction; when that row says it happened, and the grace. None when the app no longer
+    exists."""
     raise NotImplementedError(STUB)
 
 
