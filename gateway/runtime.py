@@ -186,7 +186,8 @@ class Gateway:
 
     async def reconcile(self) -> None:
         """Make the registry agree with the sockets this process holds, after a time out of contact: each held
-        socket HEALTHY under its current connection id, each executor placed here without a socket disconnected.
+        socket HEALTHY under its current connection id, each executor placed here without a socket (HEALTHY or
+        DISCONNECTED) disconnected.
 
         The registry may lag the workflows (writes are activities), so a mismatch can be one already on its way;
         resending is harmless: a ``connected`` for the recorded connection and a ``disconnected`` for a
@@ -200,7 +201,9 @@ class Gateway:
                 resent += 1
                 self.spawn(self.resend_connected(conn))
         for (org, app, executor_id), (status, connection_id) in rows.items():
-            if (org, app, executor_id) not in held and status == ExecutorStatus.HEALTHY:
+            # DISCONNECTED too: a close this process wrote while cut off, its signal perhaps lost with an earlier
+            # incarnation of it (stale at the workflow if it was taken in).
+            if (org, app, executor_id) not in held and status in (ExecutorStatus.HEALTHY, ExecutorStatus.DISCONNECTED):
                 gone += 1
                 self.spawn_disconnected(org, app, executor_id, connection_id)
         log.info("reconciled %d sockets with the registry: %d connected resent, %d disconnected sent",

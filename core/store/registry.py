@@ -272,10 +272,15 @@ class RegistryStore(StoreBase):
         return Counter((org, app, str(status)) for org, app, status in rows)
 
     def executors_on_gateway(self, gateway_queue: str) -> list[tuple[str, str, str, str]]:
-        """``(org, app, executor_id, connection_id)`` of HEALTHY executors whose socket is on that gateway."""
+        """``(org, app, executor_id, connection_id)`` of the executors whose last socket was on that gateway and
+        is not known to its workflow to be gone: HEALTHY, and DISCONNECTED too, since the gateway writes DISCONNECTED
+        as a socket closes (``record_disconnect``) and may not have got its ``disconnected`` signal to Temporal (cut
+        off from it, then dead). A signal for a close the workflow already took in is stale there and changes
+        nothing."""
         with Session(self.engine) as s:
-            rows = s.exec(select(Executor).where(Executor.gateway_queue == gateway_queue,
-                                                 Executor.status == ExecutorStatus.HEALTHY)).all()
+            rows = s.exec(select(Executor).where(
+                Executor.gateway_queue == gateway_queue,
+                col(Executor.status).in_([ExecutorStatus.HEALTHY, ExecutorStatus.DISCONNECTED]))).all()
         return [(r.org, r.app, r.executor_id, r.connection_id or "") for r in rows]
 
     def registry_on_gateway(self, gateway_queue: str) -> dict[tuple[str, str, str], tuple[ExecutorStatus, str]]:

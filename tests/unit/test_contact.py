@@ -191,7 +191,9 @@ async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is
         ("o", "a", "wrongly-gone"): (D, "c-wrong"),  # held, but the registry says DISCONNECTED
         ("o", "a", "old-conn"): (H, "c-old"),  # held under a newer connection than recorded
         ("o", "a", "left"): (H, "c-left"),  # recorded HEALTHY here, no socket: its `disconnected` was lost
-        ("o", "a", "already-off"): (D, "c-off"),  # no socket and already DISCONNECTED: nothing to do
+        # No socket, DISCONNECTED: perhaps only by this gateway's own write at the close (``record_disconnect``),
+        # its signal lost with an earlier incarnation; sent again (stale at the workflow if it was taken in).
+        ("o", "a", "already-off"): (D, "c-off"),
     })
     gateway = _gateway(tmp_path, registry)
     for executor_id, connection_id in [("fine", "c-fine"), ("wrongly-gone", "c-wrong"), ("old-conn", "c-new"),
@@ -212,7 +214,7 @@ async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is
     await gateway.reconcile()
     await gateway.drain()
     assert sorted(resent) == [("old-conn", "c-new"), ("unknown", "c-unknown"), ("wrongly-gone", "c-wrong")]
-    assert disconnected == [("left", "c-left")]
+    assert disconnected == [("left", "c-left"), ("already-off", "c-off")]
 
 
 @pytest.mark.parametrize("heartbeat", [0.5, 2, 10, 60])

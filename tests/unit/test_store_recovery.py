@@ -245,6 +245,8 @@ def test_a_gateways_disconnect_moves_only_the_workflows_healthy_row_for_that_soc
     assert (audit.event_key, audit.details, audit.emit_time) == (
         "k1", {"connection_id": "conn-x1", "executorTimeoutSecs": 7}, row.updated_at)
     assert not gateway("x1", "conn-x1", "k2")  # not HEALTHY any more: a second close changes nothing
+    # Its gateway's watch, finding the gateway gone, still disconnects it: the gateway's own signal may be lost.
+    assert ("local", APP, "x1", "conn-x1") in store.executors_on_gateway("relay-gateway-test")
     _executor(store, "x2", "v1", ExecutorStatus.DEAD)
     assert not gateway("x2", "conn-x2", "k3")  # DEAD stays DEAD
     assert [e.status for e in store.list_executors(ORG, APP) if e.executor_id == "x2"] == [ExecutorStatus.DEAD]
