@@ -8,7 +8,10 @@
                                                         executors close at once (grace 3 s): their deaths and
                                                         recoveries (P4 burst); S 2: their disconnects
     python -m tests.bench.profile bursts [N] [K] [R]    no profiler: R bursts of K of N executors, one stack, and
-                                                        P4's lateness figures for each (to compare changes quickly)
+                                                        P4's lateness figures for each (to compare changes quickly),
+                                                        where each step's time went (the histories), and each
+                                                        process's CPU per death: close -> grace end, grace end ->
+                                                        all DEAD, all DEAD -> all deleted
 
 py-spy is not a dependency: install it anywhere (``pip install --target /tmp/pyspy py-spy``) and point
 ``PY_SPY`` at the binary, or have it on PATH. Reports go to stdout and ``.relay-bench/profile/``.
@@ -23,6 +26,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tracemalloc
 from collections import Counter
@@ -34,6 +38,7 @@ from tests.bench.common import (
     PYTHON,
     Generator,
     Stack,
+    cpu_seconds,
     log,
     percentile,
     raise_nofile,
@@ -264,9 +269,12 @@ def bursts(n: int, k: int, rounds: int) -> None:
                  timeout=300)
         stack.wait_healthy(bench_storm.P3_APP, n, timeout=300)
         time.sleep(5)
+        procs = {"gateway": stack.gateway.pid, "worker": stack.worker.pid, "temporal": stack.temporal.pid}
         for r in range(rounds):
             closed: dict[str, float] = {}
-            m = bench_storm._p4(stack, gen, r * k, k, 0.0, closed)
+            with _CpuSampler(procs) as cpu:
+                m = bench_storm._p4(stack, gen, r * k, k, 0.0, closed)
+            _cpu_windows(stack, cpu, closed, bench_storm.P4_GRACE)
             log(f"burst {r + 1}: DISCONNECTED - close p50 {m['disconnected_p50_s']:.3f} p99 "
                 f"{m['disconnected_p99_s']:.3f}; DEAD - DISCONNECTED - grace p50 {m['dead_p50_s']:.3f} "
                 f"p99 {m['dead_p99_s']:.3f}; {m['recovered']} recovered, recovery p99 {m['recovery_p99_s']:.3f}")
@@ -275,6 +283,58 @@ def bursts(n: int, k: int, rounds: int) -> None:
     finally:
         gen.stop()
         stack.stop()
+
+
+class _CpuSampler:
+    """Each process's CPU seconds, every 0.1 s, for as long as the ``with`` block runs."""
+
+    def __init__(self, procs: dict[str, int], every: float = 0.1) -> None:
+        self.procs, self.every = procs, every
+        self.samples: list[tuple[float, dict[str, float]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while True:
+            self.samples.append((time.time(), {name: cpu_seconds(pid) for name, pid in self.procs.items()}))
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self) -> _CpuSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def at(self, t: float) -> dict[str, float]:
+        """The first sample at or after ``t`` (the last one if none)."""
+        return next((cpu for at, cpu in self.samples if at >= t), self.samples[-1][1])
+
+
+def _cpu_windows(stack: Stack, cpu: _CpuSampler, closed: dict[str, float], grace: float) -> None:
+    """Milliseconds of CPU per death, per process, in a burst's three windows, cut at the audit log's times: the
+    close to the first grace's end (the DISCONNECTED rows, the graces' timers, the fence's probes going out), the
+    first grace's end to the last DEAD row, and the last DEAD row to the last deletion."""
+    from tests.bench import bench_storm
+
+    rows = stack.audit(bench_storm.P3_APP, ["executor.disconnected", "executor.dead", "executor.deleted"],
+                       since=min(closed.values()) - 1)
+    times: dict[str, list[float]] = {}
+    for op, executor, t in rows:
+        if executor in closed:
+            times.setdefault(op, []).append(t)
+    if len(times.get("executor.dead", [])) < len(closed) or not times.get("executor.deleted"):
+        log("  CPU per death: not every executor DEAD and recovered; no windows")
+        return
+    cuts = [("close -> grace end", min(closed.values()), min(times["executor.disconnected"]) + grace),
+            ("grace end -> all DEAD", min(times["executor.disconnected"]) + grace, max(times["executor.dead"])),
+            ("all DEAD -> all deleted", max(times["executor.dead"]), max(times["executor.deleted"]))]
+    for name, start, end in cuts:
+        before, after = cpu.at(start), cpu.at(end)
+        per = ", ".join(f"{p} {(after[p] - before[p]) / len(closed) * 1000:.1f}" for p in cpu.procs)
+        log(f"  CPU ms per death, {name} ({end - start:.2f} s): {per}")
 
 
 def _segments(stack: Stack, executors: list[str], closed: dict[str, float]) -> None:
