@@ -58,12 +58,13 @@ log = logging.getLogger("relay.worker")
 
 # Every executor is a long-lived workflow: keep a whole fleet cached, so a signal does not replay its history.
 MAX_CACHED_WORKFLOWS = 20_000
-# Workflow tasks (and local activities) one worker holds at once. The SDK's default, 100, is less than one burst of
-# deaths needs: each death's workflow task holds its slot while its local activities run, so the 101st task waited on
-# the worker's sticky queue past ``STICKY_SCHEDULE_TO_START``, timed out, and went back to the shared queue to be
-# replayed from its whole history (dozens per burst of 100 in P4, each a second late and a replay's CPU). A slot is a
-# permit, not a thread: tasks a worker holds and has not got to wait in its memory rather than on the server.
-MAX_CONCURRENT_TASKS = 1000
+# Workflow tasks (and local activities) one worker holds at once: the SDK's default, 100. A thousand removed the
+# sticky timeouts of one burst of 100 deaths on one worker (P4), but at scale (1,000 of 10,000 closed at once over
+# 2 workers, `make bench PARTS=scale`) each worker took in ~500 tasks whose local activities then queued behind each
+# other past the workflow-task timeout: "Workflow task not found" on completion ~1,400 times a minute, every one
+# redone from its history, and 249 of 999 recovered in 350 s at 1.0 core per worker. Bounded, the excess waits on the
+# server, where the other worker can take it.
+MAX_CONCURRENT_TASKS = 100
 # A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this long
 # they go back to the shared queue, so timers of a restarted Relay fire about on time (the default is 10 s).
 STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
