@@ -44,6 +44,8 @@ from workflows.contracts.gateway_watch import (
     ProbeGatewayReply,
 )
 from workflows.contracts.lifecycle import (
+    DeclaredDead,
+    DeclareDeadInput,
     DeleteExecutorInput,
     DispatchRecoveryInput,
     ExistPendingInput,
@@ -114,6 +116,8 @@ class FakeRelay:
     probe_replies: list[ProbeGatewayReply] = field(default_factory=list)
     # record_status: how long after the activity was called its row says the write happened (a slow database).
     write_lag: timedelta = timedelta(0)
+    # The gate ``declare_dead`` asks: this fake's ``admit_recovery`` unless a test puts the real one here.
+    gate: Callable[[AdmitRecoveryInput], Awaitable[AdmitRecoveryReply]] | None = None
     # probe_gateway: whether it holds an answer asked for ``answer_at`` (today's gateway) or answers at once (older).
     held_answers: bool = True
     # probe_gateway with ``answer_at``: hold the answer until then, as a gateway does, in wall time (time does not
@@ -145,6 +149,7 @@ class FakeRelay:
     probes: list[Call[ProbeGatewayInput]] = field(default_factory=list)
     admissions: list[Call[AdmitRecoveryInput]] = field(default_factory=list)
     gone_checks: list[Call[GatewayGoneInput]] = field(default_factory=list)
+    declares: list[Call[DeclareDeadInput]] = field(default_factory=list)
     row_reads: list[Call[GetRegistryRowInput]] = field(default_factory=list)
     own_alerts: list[Call[OwnAlertEvent]] = field(default_factory=list)  # start_own_alert: deliveries started
     fail_own_alerts: bool = False  # start_own_alert fails, for good (Temporal refusing the start)
@@ -173,12 +178,13 @@ class FakeRelay:
             Activity.EXIST_PENDING_WORKFLOWS: len(self.exist_calls), Activity.PROBE_GATEWAY: len(self.probes),
             Activity.ADMIT_RECOVERY: len(self.admissions), Activity.GATEWAY_GONE: len(self.gone_checks),
             Activity.GET_REGISTRY_ROW: len(self.row_reads), Activity.START_OWN_ALERT: len(self.own_alerts),
+            Activity.DECLARE_DEAD: len(self.declares),
         }
 
     def db_activities(self) -> list[Callable[..., Any]]:
-        return [self.record_status, self.begin_grace, self.get_executor_timeout, self.select_candidate,
-                self.write_audit, self.delete_executor, self.admit_recovery, self.gateway_gone, self.get_registry_row,
-                self.start_own_alert]
+        return [self.record_status, self.begin_grace, self.declare_dead, self.get_executor_timeout,
+                self.select_candidate, self.write_audit, self.delete_executor, self.admit_recovery, self.gateway_gone,
+                self.get_registry_row, self.start_own_alert]
 
     def gateway_activities(self) -> list[Callable[..., Any]]:
         return [self.dispatch_recovery, self.exist_pending_workflows]
@@ -219,6 +225,21 @@ class FakeRelay:
             input, durations={**input.durations, "executorTimeoutSecs": self.grace}))
         self._fail_first(call, input.operation)
         return GraceStart(at=call.scheduled + self.write_lag, grace=self.grace)
+
+    @activity.defn(name=Activity.DECLARE_DEAD)
+    async def declare_dead(self, input: DeclareDeadInput) -> DeclaredDead:
+        """DEAD recorded (in ``records``), the gate asked (``admissions``), a peer selected (``selects``) and the
+        gateway looked up (``gone_checks``), each only if the one before lets recovery go on, as
+        ``GateActivities.declare_dead`` does; ``declares`` counts the calls."""
+        await self._call(self.declares, input)
+        recorded_at = await self.record_status(input.record)
+        declared = DeclaredDead(recorded_at, await (self.gate or self.admit_recovery)(input.admit))
+        if declared.admission.go or declared.admission.until is None:
+            declared.selected = True
+            declared.candidate = await self.select_candidate(input.select)
+            if declared.candidate is not None and input.gateway_queue:
+                declared.gateway_gone = await self.gateway_gone(GatewayGoneInput(input.gateway_queue))
+        return declared
 
     @activity.defn(name=Activity.GET_EXECUTOR_TIMEOUT)
     async def get_executor_timeout(self, input: GetExecutorTimeoutInput) -> timedelta | None:

@@ -21,6 +21,7 @@ from workflows.lifecycle_base import (
     GENERATION_1_PATCH,
     GENERATION_2_PATCH,
     GENERATION_3_PATCH,
+    GENERATION_4_PATCH,
     GRACE_IN_ONE_WRITE_PATCH,
     Removed,
 )
@@ -69,7 +70,8 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
-        self._generation_1 = self._generation_2 = self._generation_3 = False  # set first thing in run()
+        # Set first thing in run().
+        self._generation_1 = self._generation_2 = self._generation_3 = self._generation_4 = False
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -122,8 +124,9 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        # A new run writes generation 3's marker only; a run started before it replays generation 2's or 1's (or none).
-        self._generation_3 = workflow.patched(GENERATION_3_PATCH)
+        # A new run writes generation 4's marker only; a run started before it replays an older one's (or none).
+        self._generation_4 = workflow.patched(GENERATION_4_PATCH)
+        self._generation_3 = self._generation_4 or workflow.patched(GENERATION_3_PATCH)
         self._generation_2 = self._generation_3 or workflow.patched(GENERATION_2_PATCH)
         self._generation_1 = self._generation_2 or workflow.patched(GENERATION_1_PATCH)
         try:
@@ -154,8 +157,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
                 elif await self._grace_expired():
                     if self._patched(FENCE_PATCH) and not await self._confirm_gone():
                         continue
-                    await self._record(ExecutorStatus.DEAD, "executor.dead", details={})
-                    result = await self._recover_and_finish()
+                    result = await self._recover_and_finish(await self._declare_dead())
                     if result is not None:
                         return result
         except Removed:

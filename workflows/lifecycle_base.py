@@ -122,6 +122,16 @@ GRACE_IN_ONE_WRITE_PATCH = "grace-in-one-write"
 # From this patch on, a new run asks ``workflow.patched`` for this only: generation 2's patches and the one after.
 GENERATION_3_PATCH = "lifecycle-generation-3"
 PATCHES_IN_GENERATION_3 = PATCHES_IN_GENERATION_2 | {GRACE_IN_ONE_WRITE_PATCH}
+# From this patch on, DEAD is recorded with one local activity, ``declare_dead``, that goes on to the recovery's first
+# steps: the gate's answer, and if it admits, a peer claimed, and if one is, whether the dead executor's gateway is
+# known gone (the last look's probe skips a gone one). Before it these were four local activities in a row, each a
+# round through the worker (an activation, the activity, an activation): in a burst of deaths, the rounds of the
+# first to die queued ahead of the DEAD rows of the last. Whatever comes after a wait (a held gate, no peer, a
+# backoff) asks each step on its own, as before.
+DEAD_IN_ONE_STEP_PATCH = "dead-and-first-steps-in-one"
+# From this patch on, a new run asks ``workflow.patched`` for this only: generation 3's patches and the one after.
+GENERATION_4_PATCH = "lifecycle-generation-4"
+PATCHES_IN_GENERATION_4 = PATCHES_IN_GENERATION_3 | {DEAD_IN_ONE_STEP_PATCH}
 
 
 class LifecycleBase:
@@ -135,6 +145,7 @@ class LifecycleBase:
     _generation_1: bool
     _generation_2: bool
     _generation_3: bool
+    _generation_4: bool
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -180,25 +191,29 @@ class LifecycleBase:
                       details: dict[str, object], durations: dict[str, timedelta] | None = None,
                       info: ExecutorInfo | None = None) -> RecordedAt:
         """Write the status and its audit row; when the row says it happened (None from an older history)."""
+        recorded_at = await self._db(record_status, self._status_input(
+            status, operation, conn=conn, details=details, durations=durations, info=info))
+        self._recorded(status)
+        return recorded_at
+
+    def _status_input(self, status: ExecutorStatus, operation: str, *, conn: ConnectedSignal | None = None,
+                      details: dict[str, object], durations: dict[str, timedelta] | None = None,
+                      info: ExecutorInfo | None = None) -> RecordStatusInput:
+        """What ``record_status`` writes for ``status``: the registry row and its audit row, under a new key."""
         i = self._input
         if self._state.orphan:
             details = {**details, "orphan": True}
-        recorded_at = await self._db(
-            record_status,
-            RecordStatusInput(
-                i.org, i.app, i.executor_id, status, operation, event_key=self._event_key(operation),
-                info=conn.info if conn else info,
-                connection_id=conn.connection_id if conn else None,
-                gateway_queue=conn.gateway_queue if conn else None,
-                details=dict(details),
-                durations=dict(durations or {}),
-                connected_at=conn.at if conn else None,
-                grace_deadline=self._state.grace_deadline if status == ExecutorStatus.DEAD else None,
-                disconnected_at=self._state.disconnected_at if status == ExecutorStatus.DISCONNECTED else None,
-            ),
+        return RecordStatusInput(
+            i.org, i.app, i.executor_id, status, operation, event_key=self._event_key(operation),
+            info=conn.info if conn else info,
+            connection_id=conn.connection_id if conn else None,
+            gateway_queue=conn.gateway_queue if conn else None,
+            details=dict(details),
+            durations=dict(durations or {}),
+            connected_at=conn.at if conn else None,
+            grace_deadline=self._state.grace_deadline if status == ExecutorStatus.DEAD else None,
+            disconnected_at=self._state.disconnected_at if status == ExecutorStatus.DISCONNECTED else None,
         )
-        self._recorded(status)
-        return recorded_at
 
     def _recorded(self, status: ExecutorStatus) -> None:
         """The registry says ``status`` now: the state, the UI's details and the status attribute follow."""
@@ -262,9 +277,10 @@ class LifecycleBase:
                                                retry_policy=DB_RETRY)
 
     def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched``, unless the run's generation already says (``GENERATION_3_PATCH``,
-        ``GENERATION_2_PATCH``, ``GENERATION_1_PATCH``)."""
-        return ((self._generation_3 and patch_id in PATCHES_IN_GENERATION_3)
+        """``workflow.patched``, unless the run's generation already says (``GENERATION_4_PATCH`` to
+        ``GENERATION_1_PATCH``)."""
+        return ((self._generation_4 and patch_id in PATCHES_IN_GENERATION_4)
+                or (self._generation_3 and patch_id in PATCHES_IN_GENERATION_3)
                 or (self._generation_2 and patch_id in PATCHES_IN_GENERATION_2)
                 or (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id))
 

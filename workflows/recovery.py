@@ -21,6 +21,7 @@ from temporalio.workflow import ActivityHandle
 from workflows import fence, timing
 from workflows.lifecycle_base import (
     DB_RETRY,
+    DEAD_IN_ONE_STEP_PATCH,
     FENCE_AHEAD_PATCH,
     FENCE_PATCH,
     GATE_PATCH,
@@ -39,10 +40,18 @@ from workflows.timing import (
 )
 
 with workflow.unsafe.imports_passed_through():
-    from workflows.contracts.common import Candidate
+    from workflows.contracts.common import Candidate, ExecutorStatus
     from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply, admit_recovery
-    from workflows.contracts.gateway_watch import GatewayGoneInput, ProbeGatewayInput, ProbeGatewayReply, gateway_gone
+    from workflows.contracts.gateway_watch import (
+        GatewayGoneInput,
+        GatewayGoneReply,
+        ProbeGatewayInput,
+        ProbeGatewayReply,
+        gateway_gone,
+    )
     from workflows.contracts.lifecycle import (
+        DeclaredDead,
+        DeclareDeadInput,
         DeleteExecutorInput,
         DispatchRecoveryInput,
         ExistPendingInput,
@@ -50,6 +59,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleState,
         RecoveryReply,
         SelectCandidateInput,
+        declare_dead,
         delete_executor,
         dispatch_recovery,
         exist_pending_workflows,
@@ -70,6 +80,8 @@ class _Recovery:
     attempt: int = 0
     blocked: bool = False  # no peer: the blocked row is written once per stretch
     details: dict[str, object] = field(default_factory=dict)  # the current attempt's, for its audit rows
+    # ``declare_dead``'s answers, for the steps right after it; dropped at the first wait, after which each step asks.
+    declared: DeclaredDead | None = None
 
 # With no peer of the right version, look again this often at most; a peer becoming HEALTHY wakes it at once.
 
@@ -126,15 +138,19 @@ class RecoverySteps(LifecycleBase):
         grace = self._state.grace
         return FENCE_LEAD if grace is None else min(FENCE_LEAD, grace / 2)
 
-    async def _probe(self, *, at_grace_end: bool = False) -> ProbeGatewayReply | None:
+    async def _probe(self, *, at_grace_end: bool = False, known: GatewayGoneReply | None = None
+                     ) -> ProbeGatewayReply | None:
         """Ask the gateway that last held the executor about its socket (``at_grace_end``: as of the grace's end);
         None when that gateway is gone (known gone, or it did not pick the probe up within ``probe_timeout``) or was
-        never known."""
+        never known. ``known``: whether it is known gone, asked just now (``declare_dead``)."""
         i, queue = self._input, self._state.gateway_queue
         if not queue:
             return None
-        if self._patched(KNOWN_GONE_PATCH) and (await self._db(gateway_gone, GatewayGoneInput(queue))).gone:
-            return None
+        if self._patched(KNOWN_GONE_PATCH):
+            if known is None:
+                known = await self._db(gateway_gone, GatewayGoneInput(queue))
+            if known.gone:
+                return None
         answer_at = self._state.grace_deadline if at_grace_end else None
         hold = max(answer_at - workflow.now(), timedelta(0)) if answer_at is not None else timedelta(0)
         return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id, answer_at=answer_at),
@@ -159,12 +175,13 @@ class RecoverySteps(LifecycleBase):
             return await self._probe()
         return reply
 
-    async def _still_gone(self) -> bool:
-        """Right before a recovery request goes out: False (and recovery called off) when the executor is back."""
+    async def _still_gone(self, known: GatewayGoneReply | None = None) -> bool:
+        """Right before a recovery request goes out: False (and recovery called off) when the executor is back.
+        ``known``: whether its gateway is known gone, asked just now (``declare_dead``)."""
         state = self._state
         revival = self._patched(REVIVAL_PATCH)
         if not (self._back() if revival else state.connection is not None):
-            reply = await self._probe()
+            reply = await self._probe(known=known)
             if not (revival and self._back()):  # a `connected` that landed meanwhile outranks the probe's answer
                 if reply is None or reply.connection is None:
                     return True
@@ -187,9 +204,29 @@ class RecoverySteps(LifecycleBase):
         before the run loop recorded it: ``unrecorded``). Either way the process is alive: no recovery for it."""
         return self._state.connection is not None or self._state.unrecorded is not None
 
-    async def _recover_and_finish(self) -> LifecycleResult | None:
-        """Recover, then end; None when recovery was called off because the executor is alive after all."""
-        recovered = await self._unless_removed(self._recover())
+    async def _declare_dead(self) -> DeclaredDead | None:
+        """Record DEAD. Since ``DEAD_IN_ONE_STEP_PATCH`` in one local activity with the recovery's first steps (the
+        gate, a peer, the gateway known gone), whose answers ``_recover`` takes up; None before it."""
+        if not self._patched(DEAD_IN_ONE_STEP_PATCH):
+            await self._record(ExecutorStatus.DEAD, "executor.dead", details={})
+            return None
+        i, state = self._input, self._state
+        self._peer_hint = False  # the peer is looked for now: a peer that connects after this wakes a blocked wait
+        state.gate_ticket = ""  # a new death: the gate is asked about it anew (as ``_recorded`` has it)
+        ask = self._admission_ask()
+        declared: DeclaredDead = await self._db(declare_dead, DeclareDeadInput(
+            self._status_input(ExecutorStatus.DEAD, "executor.dead", details={}), ask,
+            SelectCandidateInput(i.org, i.app, self._version(), exclude=[i.executor_id],
+                                 dead_executor_id=i.executor_id),
+            gateway_queue=state.gateway_queue))
+        self._recorded(ExecutorStatus.DEAD)
+        state.gate_ticket = ask.ticket
+        return declared
+
+    async def _recover_and_finish(self, declared: DeclaredDead | None = None) -> LifecycleResult | None:
+        """Recover, then end; None when recovery was called off because the executor is alive after all.
+        ``declared``: ``declare_dead``'s answers, when DEAD was just recorded with them."""
+        recovered = await self._unless_removed(self._recover(declared))
         if recovered is None:
             await self._unblocked("recovery called off: the executor is back")
             return None
@@ -204,13 +241,14 @@ class RecoverySteps(LifecycleBase):
             workflow.continue_as_new(self._next_input(fresh))
         return result
 
-    async def _recover(self) -> tuple[Candidate, int] | None:
+    async def _recover(self, declared: DeclaredDead | None = None) -> tuple[Candidate, int] | None:
         """Recover until a peer confirms it, never giving up while the app exists; None when called off before a
         request went out (the executor holds a live socket after all). The README's story, step by step: the gate
         admits (``_admitted``), a peer is found or waited for (``_peer``), the fence looks again (``_still_gone``),
-        the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries another."""
+        the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries another.
+        ``declared``: the first steps' answers, asked with DEAD (``declare_dead``), taken up in place of asking."""
         fenced = self._patched(FENCE_PATCH)
-        run = _Recovery(version=self._version(), admitted=not self._patched(GATE_PATCH))
+        run = _Recovery(version=self._version(), admitted=not self._patched(GATE_PATCH), declared=declared)
         run.revival = fenced and self._patched(REVIVAL_PATCH)
         back = self._back if run.revival else lambda: fenced and self._state.connection is not None
         while True:
@@ -218,12 +256,15 @@ class RecoverySteps(LifecycleBase):
             if back() and not await self._still_gone():
                 return None  # it came back before any request went out (a wait for a peer, or a backoff)
             if not run.admitted:
-                run.admitted = await self._admitted(back)
+                run.admitted = await self._admitted(back, run.declared.admission if run.declared else None)
+                if not run.admitted:
+                    run.declared = None  # it waited: from here on each step is asked
                 continue  # after a wait: look again for continue-as-new and a revived executor
             candidate = await self._peer(run, back)
             if candidate is None:
                 continue  # after a wait for a peer, or a backoff: look again
-            if fenced and not await self._still_gone():
+            known, run.declared = (run.declared.gateway_gone if run.declared else None), None
+            if fenced and not await self._still_gone(known):
                 return None
             error = await self._dispatch_and_confirm(candidate, run)
             if error is CALLED_OFF:
@@ -239,12 +280,17 @@ class RecoverySteps(LifecycleBase):
         """A HEALTHY peer of the dead executor's version, claimed for this recovery; None after waiting for one (no
         peer: blocked until one connects) or backing off (every peer failed once: all are tried again)."""
         i = self._input
-        self._peer_hint = False
-        candidate = await self._db(
-            select_candidate,
-            SelectCandidateInput(i.org, i.app, run.version, exclude=[i.executor_id, *run.failed],
-                                 dead_executor_id=i.executor_id),
-        )
+        if run.declared is not None and run.declared.selected:
+            candidate = run.declared.candidate  # claimed with DEAD, just now
+            if candidate is None:
+                run.declared = None  # it waits for a peer: from here on each step is asked
+        else:
+            self._peer_hint = False
+            candidate = await self._db(
+                select_candidate,
+                SelectCandidateInput(i.org, i.app, run.version, exclude=[i.executor_id, *run.failed],
+                                     dead_executor_id=i.executor_id),
+            )
         if candidate is not None:
             run.blocked = False
         elif run.failed:
@@ -316,17 +362,23 @@ class RecoverySteps(LifecycleBase):
             raise
         return await self._attempt(candidate, attempt, request)
 
-    async def _admitted(self, back: Callable[[], bool]) -> bool:
-        """Ask the recovery gate; True: go. Otherwise wait until it says to ask again (or the executor is back),
-        then False. A pause lifted early is seen at the next ask: the gate makes a paused recovery ask at least
-        every ``RELAY_RECOVERY_PAUSE_RECHECK_SECS``, so no signal is needed and none can be lost."""
+    def _admission_ask(self) -> AdmitRecoveryInput:
+        """The gate's question about this death (its ticket made on the first ask)."""
         i, state = self._input, self._state
         if not state.gate_ticket:
             state.gate_ticket = str(workflow.uuid4())
-        ask = AdmitRecoveryInput(i.org, i.app, i.executor_id, state.gate_ticket, now=workflow.now(),
-                                 event_key=f"{workflow.info().workflow_id}/gate/{state.gate_ticket}")
-        reply: AdmitRecoveryReply = await workflow.execute_local_activity(
-            admit_recovery, ask, start_to_close_timeout=DB_ACTIVITY_TIMEOUT, retry_policy=DB_RETRY)
+        return AdmitRecoveryInput(i.org, i.app, i.executor_id, state.gate_ticket, now=workflow.now(),
+                                  event_key=f"{workflow.info().workflow_id}/gate/{state.gate_ticket}")
+
+    async def _admitted(self, back: Callable[[], bool], reply: AdmitRecoveryReply | None = None) -> bool:
+        """Ask the recovery gate (or take ``reply``, its answer asked with DEAD); True: go. Otherwise wait until it
+        says to ask again (or the executor is back), then False. A pause lifted early is seen at the next ask: the
+        gate makes a paused recovery ask at least every ``RELAY_RECOVERY_PAUSE_RECHECK_SECS``, so no signal is
+        needed and none can be lost."""
+        if reply is None:
+            reply = await workflow.execute_local_activity(
+                admit_recovery, self._admission_ask(), start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                retry_policy=DB_RETRY)
         if reply.tripped and self._patched(OWN_ALERTS_PATCH):  # this admission tripped the storm breaker
             await self._own_alert("app.recovery.breaker_tripped", reply.tripped, dict(reply.storm))
         if reply.go or reply.until is None:

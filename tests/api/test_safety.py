@@ -241,3 +241,45 @@ async def test_drains_and_pauses_name_the_key_that_set_them_as_the_audit_does(ap
         audited = {e["details"]["executorId"]: e["subject"]["display"]
                    for e in await _audit(client, app, "executor.drain.set")}
         assert audited == {d["executorId"]: d["subjectName"] for d in listed}
+
+
+async def test_declare_dead_records_dead_asks_the_gate_and_claims_a_peer_once_per_key(api: Api) -> None:
+    """The lifecycle workflow's one local activity at a death (``GateActivities.declare_dead``) on each database:
+    the DEAD row, the gate's admission, a peer of the version claimed and the dead one's gateway looked up; asked
+    again under the same keys (a retried activity), the same answer and no second DEAD audit row. With no peer of
+    the version, no gateway look-up."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.gate import GateActivities
+    from workflows.contracts.gate import AdmitRecoveryInput
+    from workflows.contracts.lifecycle import DeclareDeadInput, RecordStatusInput, SelectCandidateInput
+
+    app = "declare-dead"
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/{app}")
+        api.record(app, "dead-1")
+        api.record(app, "peer-1")
+        api.record(app, "lonely", version="v9")
+        gate, env, now = GateActivities(api.store), ActivityEnvironment(), datetime.now(UTC)
+
+        def ask(executor_id: str, version: str) -> DeclareDeadInput:
+            return DeclareDeadInput(
+                record=RecordStatusInput("local", app, executor_id, ExecutorStatus.DEAD, "executor.dead",
+                                         event_key=f"{executor_id}/dead", details={}),
+                admit=AdmitRecoveryInput("local", app, executor_id, ticket=f"{executor_id}/t", now=now,
+                                         event_key=f"{executor_id}/gate"),
+                select=SelectCandidateInput("local", app, version, exclude=[executor_id], dead_executor_id=executor_id),
+                gateway_queue=api.gateway.task_queue)
+
+        first = await env.run(gate.declare_dead, ask("dead-1", "v1"))
+        again = await env.run(gate.declare_dead, ask("dead-1", "v1"))
+        assert first.admission.go and first.selected
+        assert first.candidate is not None and first.candidate.executor_id == "peer-1"
+        assert first.gateway_gone is not None and first.gateway_gone.gone is False
+        assert again == first
+        statuses = {row.executor_id: row.status for row in api.store.list_executors("local", app)}
+        assert statuses["dead-1"] == ExecutorStatus.DEAD and statuses["peer-1"] == ExecutorStatus.HEALTHY
+        assert len(await _audit(client, app, "executor.dead")) == 1
+
+        alone = await env.run(gate.declare_dead, ask("lonely", "v9"))
+        assert alone.admission.go and alone.selected and alone.candidate is None and alone.gateway_gone is None

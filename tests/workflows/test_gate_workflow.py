@@ -60,11 +60,11 @@ async def gated(time_skipping_env: WorkflowEnvironment, tmp_path: Path) -> Async
     store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
     store.ensure_app(ORG, APP)
     fakes = FakeRelay(task_queue=f"relay-gate-{uuid.uuid4()}", clock=time_skipping_env.get_current_time)
+    fakes.gate = GateActivities(store, POLICY).admit_recovery  # the real gate, also where DEAD is declared
     async with contextlib.AsyncExitStack() as stack:
         await stack.enter_async_context(Worker(
             client, task_queue=fakes.task_queue, workflows=[ExecutorLifecycleWorkflow],
-            activities=[*(a for a in fakes.db_activities() if a != fakes.admit_recovery),  # the real gate instead
-                        *GateActivities(store, POLICY).all()],
+            activities=[*(a for a in fakes.db_activities() if a != fakes.admit_recovery), fakes.gate],
             workflow_runner=workflow_runner(client.data_converter)))  # the worker's sandbox, as in production
         for peer in fakes.peers:
             await stack.enter_async_context(

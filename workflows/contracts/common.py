@@ -27,6 +27,9 @@ class Activity:
     # DISCONNECTED and the grace it begins, in one local activity (``GRACE_IN_ONE_WRITE_PATCH``).
     BEGIN_GRACE = "begin_grace"
     SELECT_CANDIDATE = "select_candidate"
+    # DEAD and a recovery's first steps (the gate, a peer, the gateway known gone or not), in one local activity
+    # (``DEAD_IN_ONE_STEP_PATCH``).
+    DECLARE_DEAD = "declare_dead"
     WRITE_AUDIT = "write_audit"
     DELETE_EXECUTOR = "delete_executor"
     DISPATCH_RECOVERY = "dispatch_recovery"

@@ -22,6 +22,8 @@ from workflows.contracts.common import (
     ExecutorStatus,
     lifecycle_workflow_id,
 )
+from workflows.contracts.gate import AdmitRecoveryInput, AdmitRecoveryReply
+from workflows.contracts.gateway_watch import GatewayGoneReply
 from workflows.contracts.orphans import OrphanInfo
 
 
@@ -196,6 +198,32 @@ class SelectCandidateInput:
 
 
 @dataclass
+class DeclareDeadInput:
+    """``declare_dead``: DEAD recorded (``record``), then a recovery's first steps asked in the same local activity
+    (``DEAD_IN_ONE_STEP_PATCH``): the gate (``admit``); if it admits, a peer claimed (``select``); and if one is,
+    whether the dead executor's last gateway (``gateway_queue``, "" for none) is known gone, which the fence's last
+    look before the request needs. Each step is the activity of its name, at most once per key as it is."""
+
+    record: RecordStatusInput
+    admit: AdmitRecoveryInput
+    select: SelectCandidateInput
+    gateway_queue: str = ""
+
+
+@dataclass
+class DeclaredDead:
+    """``declare_dead``'s answer: when the DEAD row says it happened, the gate's answer, the peer claimed (None: none
+    of the version, or not asked since the gate did not admit: ``selected`` says which) and the gateway's
+    (None: not asked)."""
+
+    recorded_at: RecordedAt
+    admission: AdmitRecoveryReply
+    selected: bool = False
+    candidate: Candidate | None = None
+    gateway_gone: GatewayGoneReply | None = None
+
+
+@dataclass
 class WriteAuditInput:
     org: str
     app: str
@@ -269,6 +297,13 @@ async def begin_grace(input: RecordStatusInput) -> GraceStart | None:
     """Record DISCONNECTED (at most once per event key: the gateway may have written it already) with the app's
     grace, read in the same transaction; when that row says it happened, and the grace. None when the app no longer
     exists."""
+    raise NotImplementedError(STUB)
+
+
+@activity.defn(name=Activity.DECLARE_DEAD)
+async def declare_dead(input: DeclareDeadInput) -> DeclaredDead:
+    """Record DEAD, then ask the gate, claim a peer and look up the gateway, each only if the one before lets the
+    recovery go on (``DeclareDeadInput``)."""
     raise NotImplementedError(STUB)
 
 
