@@ -22,7 +22,7 @@ from pathlib import Path
 from temporalio.client import Client, WorkflowHandle
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
-from temporalio.worker import Worker
+from temporalio.worker import PollerBehaviorAutoscaling, Worker
 
 from core import gateways, metrics
 from core.logs import OncePerWindow
@@ -164,7 +164,12 @@ class Gateway:
         # activity in this process.
         return Worker(self.client, task_queue=self.task_queue, workflows=[ManagementRequestWorkflow],
                       activities=HubActivities(self.hub, self.contact_state.contact_for).all(),
-                      max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES)
+                      max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
+                      # The SDK's default, at most 5 activity-task polls at once, let a burst of recovery requests
+                      # and fence probes wait on the server past their schedule-to-start timeout (10 s) with slots
+                      # free: scaled on the server's feedback, the polls keep up with the backlog. A probe left
+                      # waiting that long counts its gateway gone.
+                      activity_task_poller_behavior=PollerBehaviorAutoscaling())
 
     def contact(self) -> Contact:
         """The loop that checks Temporal; run it with ``contact().running()`` for the gateway's lifetime."""
