@@ -308,7 +308,9 @@ class Gateway:
                 task_queue=SHARED_TASK_QUEUE,
                 start_signal=Signal.CONNECTED,
                 start_signal_args=[signal],
-                search_attributes=lifecycle_search_attributes(org, app, executor_id, signal.info.application_version),
+                # HEALTHY from the start (the socket is open): the workflow's first record need not upsert it.
+                search_attributes=lifecycle_search_attributes(org, app, executor_id, signal.info.application_version,
+                                                              ExecutorStatus.HEALTHY.value),
                 static_summary=f"DBOS executor {executor_id} of {org}/{app}",
             )
 

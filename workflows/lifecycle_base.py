@@ -129,9 +129,13 @@ PATCHES_IN_GENERATION_3 = PATCHES_IN_GENERATION_2 | {GRACE_IN_ONE_WRITE_PATCH}
 # first to die queued ahead of the DEAD rows of the last. Whatever comes after a wait (a held gate, no peer, a
 # backoff) asks each step on its own, as before.
 DEAD_IN_ONE_STEP_PATCH = "dead-and-first-steps-in-one"
+# From this patch on, a status recorded that the ``RelayExecutorStatus`` attribute already holds is not upserted
+# again: an executor that reconnects while HEALTHY (its gateway lost, its socket superseded) and a new run's first
+# HEALTHY (the gateway starts it with the attribute set) each cost one Temporal action less.
+UNCHANGED_STATUS_PATCH = "unchanged-status-not-upserted"
 # From this patch on, a new run asks ``workflow.patched`` for this only: generation 3's patches and the one after.
 GENERATION_4_PATCH = "lifecycle-generation-4"
-PATCHES_IN_GENERATION_4 = PATCHES_IN_GENERATION_3 | {DEAD_IN_ONE_STEP_PATCH}
+PATCHES_IN_GENERATION_4 = PATCHES_IN_GENERATION_3 | {DEAD_IN_ONE_STEP_PATCH, UNCHANGED_STATUS_PATCH}
 
 
 class LifecycleBase:
@@ -221,8 +225,11 @@ class LifecycleBase:
         self._state.revived = False
         self._state.gate_ticket = ""  # a death after this one asks the gate anew
         self._describe("")
-        if workflow.info().typed_search_attributes.get(RELAY_ORG) is not None:
+        attributes = workflow.info().typed_search_attributes
+        if attributes.get(RELAY_ORG) is not None:
             # Started by a gateway with Relay's attributes (registered on the server): keep the status findable.
+            if attributes.get(RELAY_EXECUTOR_STATUS) == status.value and self._patched(UNCHANGED_STATUS_PATCH):
+                return
             workflow.upsert_search_attributes([RELAY_EXECUTOR_STATUS.value_set(status.value)])
 
     async def _audit(self, operation: str, status: str, details: dict[str, object], *,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import activity
-from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
+from temporalio.common import TypedSearchAttributes
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
@@ -27,11 +27,12 @@ from tests.lifecycle_fakes import (
     ORG,
     RECONNECTED,
     RECOVERY_TIMEOUT,
+    SUPERSEDED,
     VERSION,
     FakeRelay,
     Relay,
 )
-from workflows.contracts.common import Activity, gateway_workflow_id
+from workflows.contracts.common import Activity, ExecutorStatus, gateway_workflow_id, lifecycle_search_attributes
 from workflows.contracts.gateway_watch import (
     DisconnectGatewayInput,
     DisconnectGatewayResult,
@@ -86,7 +87,7 @@ class Lifecycle:
             task_queue=self.fakes.task_queue,
             start_signal="connected",
             start_signal_args=[signal],
-            search_attributes=_search_attributes(relay.executor_id),
+            search_attributes=_search_attributes(relay.executor_id, ExecutorStatus.HEALTHY.value),
         )
         relay.started = relay.started or handle
 
@@ -135,10 +136,10 @@ class Lifecycle:
         raise ScenarioError("the run did not continue-as-new")
 
 
-def _search_attributes(executor_id: str) -> TypedSearchAttributes:
-    # As Gateway.signal_connected sets them: RelayOrg present is what makes the workflow upsert its status.
-    values = {"RelayOrg": ORG, "RelayApp": APP, "RelayExecutorId": executor_id, "RelayAppVersion": VERSION}
-    return TypedSearchAttributes([SearchAttributePair(SearchAttributeKey.for_keyword(k), v) for k, v in values.items()])
+def _search_attributes(executor_id: str, status: str | None = None) -> TypedSearchAttributes:
+    # As the gateway's start (status HEALTHY) and the orphan sweep's (none) set them: RelayOrg present is what makes
+    # the workflow upsert its status.
+    return lifecycle_search_attributes(ORG, APP, executor_id, VERSION, status)
 
 
 def expect(result: LifecycleResult, status: str, *, attempts: int | None = None, by: str | None = None) -> None:
@@ -184,6 +185,18 @@ async def reconnect_within_grace(lc: Lifecycle) -> None:
     await lc.relay.remove()
     expect(await lc.relay.result(), "REMOVED")
     check(not lc.fakes.selects, "recovery started after a reconnect")
+
+
+async def superseded(lc: Lifecycle) -> None:
+    """A second socket while HEALTHY (its gateway lost, the executor back through another): recorded, its status
+    attribute left as it is; later the app is deleted."""
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.connect("c2")
+    await lc.healthy("c2")
+    check(lc.fakes.statuses() == [HEALTHY, SUPERSEDED], f"statuses {lc.fakes.statuses()}")
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
 
 
 async def retries(lc: Lifecycle) -> None:
@@ -533,6 +546,7 @@ class Scenario:
 SCENARIOS = [
     Scenario("happy-recovery", happy_recovery),
     Scenario("reconnect-within-grace", reconnect_within_grace),
+    Scenario("superseded", superseded),
     Scenario("retries", retries),
     Scenario("retries-every-peer-fails", retries_every_peer_fails),
     Scenario("blocked-then-recovered", blocked_then_recovered),

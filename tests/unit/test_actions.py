@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.bench.actions import ENDED_BY_TEST, HISTORIES, count
+from tests.bench.actions import ENDED_BY_TEST, HISTORIES, actions_of, count
 
 
 def _phases(fixture: str, after: str) -> dict[str, int]:
@@ -12,17 +12,28 @@ def _phases(fixture: str, after: str) -> dict[str, int]:
     return {p.name: p.total for p in count(events, after_connect=after)}
 
 
-def test_a_death_costs_thirteen_actions_after_a_connect_of_three() -> None:
+def test_a_death_costs_thirteen_actions_after_a_connect_of_two() -> None:
     # connect: signal-with-start, the workflow task with the HEALTHY write's markers (a patch marker and its
-    # TemporalChangeVersion upsert are free), the RelayExecutorStatus upsert. death: the disconnected signal, the
+    # TemporalChangeVersion upsert are free); no RelayExecutorStatus upsert: the gateway starts the run with
+    # HEALTHY, so its first record leaves the attribute as it is. death: the disconnected signal, the
     # grace timer, two probes, dispatch_recovery, exist_pending_workflows, two status upserts, five workflow tasks
     # with local activities.
-    assert _phases("happy-recovery.json", "death") == {"connect": 3, "death": 13}
+    assert _phases("happy-recovery.json", "death") == {"connect": 2, "death": 13}
 
 
 def test_a_reconnect_within_grace_costs_seven_and_the_tests_removal_is_apart() -> None:
     # the disconnected and connected signals, the grace timer, the DISCONNECTED and HEALTHY writes' workflow tasks
     # and their two status upserts.
     phases = _phases("reconnect-within-grace.json", "reconnect")
-    assert phases["connect"] == 3 and phases["reconnect"] == 7
+    assert phases["connect"] == 2 and phases["reconnect"] == 7
     assert phases[ENDED_BY_TEST] >= 1
+
+
+def test_a_second_socket_while_healthy_costs_two() -> None:
+    # the connected signal and the workflow task with the HEALTHY write's markers; the RelayExecutorStatus
+    # attribute already says HEALTHY, so no upsert.
+    events = json.loads((HISTORIES / "superseded.json").read_text())["events"]
+    signals = [n for n, e in enumerate(events) if e["eventType"] == "EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED"]
+    second, removed = signals[1], signals[2]
+    between = [what for n, what in actions_of(events) if second <= n < removed]
+    assert sorted(between) == ["markers of a workflow task (local activities)", "signal connected"], between

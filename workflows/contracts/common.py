@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
@@ -97,12 +98,18 @@ RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
 RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
 
 
-def lifecycle_search_attributes(org: str, app: str, executor_id: str, version: str) -> TypedSearchAttributes:
+def lifecycle_search_attributes(org: str, app: str, executor_id: str, version: str,
+                                status: str | None = None) -> TypedSearchAttributes:
     """What a lifecycle workflow is started with (the gateway's signal-with-start, the orphan sweep's and the
-    reconciliation's starts), so Temporal's visibility finds it by org, app, executor and version."""
-    return TypedSearchAttributes([
+    reconciliation's starts), so Temporal's visibility finds it by org, app, executor and version; and by
+    ``status`` when the starter knows it (the gateway: HEALTHY, the socket is open), which the workflow's first
+    record then need not upsert."""
+    pairs: list[SearchAttributePair[Any]] = [
         SearchAttributePair(RELAY_ORG, org), SearchAttributePair(RELAY_APP, app),
-        SearchAttributePair(RELAY_EXECUTOR_ID, executor_id), SearchAttributePair(RELAY_APP_VERSION, version)])
+        SearchAttributePair(RELAY_EXECUTOR_ID, executor_id), SearchAttributePair(RELAY_APP_VERSION, version)]
+    if status is not None:
+        pairs.append(SearchAttributePair(RELAY_EXECUTOR_STATUS, status))
+    return TypedSearchAttributes(pairs)
 
 
 @dataclass
