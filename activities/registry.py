@@ -69,7 +69,10 @@ class RegistryActivities:
         )
         if written.written:
             _report_status(input)
-        await self._wake_waiting_recoveries(input, written.dead)
+        if written.gateway_gone:
+            await _disconnect_from_gone_gateway(input)
+        else:
+            await self._wake_waiting_recoveries(input, written.dead)
         return written.at
 
     async def _wake_waiting_recoveries(self, input: RecordStatusInput, dead: list[str]) -> None:
@@ -149,7 +152,7 @@ class RegistryActivities:
         for org, app, executor_id, connection_id in held:
             handle = client.get_workflow_handle(lifecycle_workflow_id(org, app, executor_id))
             signal = DisconnectedSignal(connection_id=connection_id, reason=input.reason,
-                                        signal_id=f"gateway-gone/{input.gateway_queue}/{connection_id}")
+                                        signal_id=_gone_signal_id(input.gateway_queue, connection_id))
             try:
                 await handle.signal(Signal.DISCONNECTED, signal)
             except RPCError as err:
@@ -192,6 +195,23 @@ def _extra(org: str, app: str, executor_id: str, **more: object) -> dict[str, ob
 
 def _seconds_since(then: datetime | None) -> float | None:
     return None if then is None else (datetime.now(UTC) - then).total_seconds()
+
+
+def _gone_signal_id(gateway_queue: str, connection_id: str) -> str:
+    """One ``disconnected`` per socket of a gateway found gone, whoever sends it (the sweep, or a late record)."""
+    return f"gateway-gone/{gateway_queue}/{connection_id}"
+
+
+async def _disconnect_from_gone_gateway(input: RecordStatusInput) -> None:
+    """The connection just recorded HEALTHY is on a gateway already known gone, which holds no socket: its watch's
+    sweep ran before this row named it (the workflow took the ``connected`` in after it), so the workflow is told
+    here, as the sweep tells the others, and its grace starts."""
+    queue, connection_id = input.gateway_queue or "", input.connection_id or ""
+    log.warning("executor %s was recorded on gateway %s, already gone; disconnecting it", input.executor_id, queue,
+                extra=_extra(input.org, input.app, input.executor_id))
+    handle = activity.client().get_workflow_handle(lifecycle_workflow_id(input.org, input.app, input.executor_id))
+    await handle.signal(Signal.DISCONNECTED, DisconnectedSignal(
+        connection_id=connection_id, reason=f"gateway gone: {queue}", signal_id=_gone_signal_id(queue, connection_id)))
 
 
 def _report_status(input: RecordStatusInput) -> None:

@@ -15,7 +15,7 @@ from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
-from core.models import Application, AuditLog, Executor, RecoveryClaim, RecoveryTicket, new_id
+from core.models import Application, AuditLog, Executor, GatewayProcess, RecoveryClaim, RecoveryTicket, new_id
 from core.store.base import StoreBase
 from core.types import ExecutorInfo, ExecutorStatus
 from core.units import rest_durations, utcnow
@@ -30,11 +30,12 @@ RECOVERY_STEPS = ("executor.recovery.blocked", "executor.recovery.unblocked", "e
 class StatusWritten:
     """What ``Store.record_status`` did: whether this call wrote the event (False: an earlier try of the same
     activity had), when its audit row says it happened (this call's or the earlier try's), and, for a HEALTHY write,
-    the ids of the app's DEAD executors."""
+    the ids of the app's DEAD executors and whether its gateway is known gone (``core.gateways``)."""
 
     written: bool
     dead: list[str]
     at: datetime
+    gateway_gone: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,10 @@ _APP_GRACE = sa_select(col(Application.executor_timeout)).where(
     col(Application.org) == bindparam("org"), col(Application.name) == bindparam("app"))
 _DISCONNECT_HEALTHY = sa_update(Executor).where(*_PK, col(Executor.status) == bindparam("k_healthy"),
                                                 col(Executor.connection_id) == bindparam("k_connection_id"))
+# Whether a gateway is known gone, read under a share lock on PostgreSQL (SQLite serializes writers anyway): a
+# ``mark_gone`` of it waits for the HEALTHY write that read it to commit, so the sweep that follows reads that row.
+_GATEWAY_GONE_AT = sa_select(col(GatewayProcess.gone_at)).where(
+    col(GatewayProcess.queue) == bindparam("queue")).with_for_update(read=True)
 DISCONNECTED_OPERATION = "executor.disconnected"
 # The grace a DISCONNECTED row's audit details carry, in the REST unit its name states.
 GRACE_DETAIL = "executorTimeoutSecs"
@@ -164,15 +169,22 @@ class RegistryStore(StoreBase):
                       gateway_queue: str | None, details: dict[str, Any]) -> StatusWritten:
         """Upsert the registry row and write its audit row, both at most once per ``event_key``; whether this call
         wrote them and, for a HEALTHY write, the ids of the app's DEAD executors (each one's workflow may be waiting
-        for a peer)."""
+        for a peer) and whether the connection's gateway is already known gone: its watch may have swept the rows on
+        it before this one named it (the lifecycle workflow took the ``connected`` in late), and then nothing else
+        would ever disconnect it."""
         with self.engine.begin() as c:
             landed_at = c.execute(_LANDED_AT, {"event_key": event_key}).scalar()
             now = landed_at or _write_status(c, org=org, app=app, executor_id=executor_id, status=status,
                                              operation=operation, event_key=event_key, info=info,
                                              connection_id=connection_id, gateway_queue=gateway_queue,
                                              details=details)
-            dead = dead_executors(c, org, app) if status == ExecutorStatus.HEALTHY else []
-            return StatusWritten(written=landed_at is None, dead=dead, at=now)
+            if status != ExecutorStatus.HEALTHY:
+                return StatusWritten(written=landed_at is None, dead=[], at=now)
+            # After the row's write, in its transaction: either the gateway's ``mark_gone`` came first and this
+            # reads it, or it comes after this commits and the sweep behind it finds this row on that gateway.
+            gone = gateway_queue is not None and c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar()
+            return StatusWritten(written=landed_at is None, dead=dead_executors(c, org, app), at=now,
+                                 gateway_gone=bool(gone))
 
     def begin_grace(self, *, org: str, app: str, executor_id: str, event_key: str,
                     details: dict[str, Any]) -> GraceBegun | None:

@@ -15,7 +15,11 @@ from pathlib import Path
 import pytest
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import WorkflowExecutionStatus
+from temporalio.service import RPCError
 
+from core import gateways
+from core.models import make_engine
+from core.store import Store
 from core.temporal import connect
 from tests.rawclient import RawClient
 from tests.support import (
@@ -210,6 +214,78 @@ def test_gateway_killed_for_good_its_executor_is_dead_and_recovered_on_time(
                 p.stop()
         survivor.process.stop()
         doomed.process.stop()
+
+
+def test_a_connection_taken_in_after_its_gateway_was_swept_is_disconnected(
+    cluster: tuple[dict[str, str], Process], tmp_path: Path
+) -> None:
+    """The order a lagging worker can leave: a ``connected`` lands, its gateway dies, and its watch finds it gone and
+    sweeps the registry's rows on it before the lifecycle workflow has taken the connection in (here: no worker
+    runs meanwhile, and the watch's verdict is written as its activity writes it, the registry then holding no row
+    on that gateway). The workflow then records the executor HEALTHY on a gateway known gone, where nothing else
+    would ever disconnect it; the record says so, the workflow is told, and the executor is DEAD one grace later."""
+    env, worker = cluster
+    address, app, grace = env["RELAY_TEMPORAL_ADDRESS"], "late-record", 2
+    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                         capture_output=True, text=True, timeout=60).stdout.strip()
+    gateway = _gateway(env, tmp_path, key, "gateway.log")
+    late: Process | None = None
+    client: RawClient | None = None
+    try:
+        with gateway.api() as api:
+            assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+            assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace}).status_code == 204
+        worker.stop()  # nothing is taken in from here until the late worker starts
+        client = RawClient(f"{gateway.ws_url}websocket/{app}/{key}")
+        client.handshake("late-1")
+        wait_until(lambda: _signalled(address, lifecycle_workflow_id("local", app, "late-1")), timeout=15,
+                   what="the connected signal landed")
+        [(queue, _identity, _gone)] = _gateway_rows(tmp_path)
+        gateway.process.kill()
+        client.close()
+
+        store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+        try:
+            assert store.gateways.mark_gone(queue, gateways.WATCH)
+            assert store.executors_on_gateway(queue) == []  # what the sweep found: nothing to disconnect
+        finally:
+            store.engine.dispose()
+        asyncio.run(_terminate(address, gateway_workflow_id(queue)))  # its verdict given, the watch has ended
+
+        late = Process([str(VENV_BIN / "relay"), "worker"], env=env, log=tmp_path / "worker-late.log")
+        wait_until(lambda: registry(tmp_path, app).get("late-1") == "DEAD", timeout=grace + 30,
+                   what="DEAD: recorded on a gateway known gone, then disconnected")
+        rows = audit_rows(tmp_path, app, "late-1")
+        assert [r.operation for r in rows][:3] == ["executor.healthy", "executor.disconnected", "executor.dead"], [
+            r.operation for r in rows]
+        disconnected, dead = _one(rows, "executor.disconnected").emit_time, _one(rows, "executor.dead").emit_time
+        assert grace - 0.1 <= dead - disconnected <= grace + GONE_GATEWAY_BOUND, dead - disconnected
+        assert "recorded on gateway" in (tmp_path / "worker-late.log").read_text()
+    finally:
+        if client is not None:
+            client.close()
+        if late is not None:
+            late.stop()
+        gateway.process.stop()
+
+
+def _signalled(address: str, workflow_id: str) -> bool:
+    """Whether the workflow exists with a signal in its history (a signal-with-start landed)."""
+    async def look() -> bool:
+        client = await connect(address, "default")
+        try:
+            return any([e.event_type == EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED
+                        async for e in client.get_workflow_handle(workflow_id).fetch_history_events()])
+        except RPCError:
+            return False
+
+    return asyncio.run(look())
+
+
+async def _terminate(address: str, workflow_id: str) -> None:
+    client = await connect(address, "default")
+    with contextlib.suppress(RPCError):  # ended already
+        await client.get_workflow_handle(workflow_id).terminate(reason="test: its verdict was given")
 
 
 def _one(rows: list[AuditRow], operation: str) -> AuditRow:

@@ -4,6 +4,7 @@ slow request claims its executor in a table of its own."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
@@ -196,6 +197,45 @@ def test_status_writes_keep_what_they_do_not_set_and_a_healthy_one_names_the_dea
     with Session(store.engine) as s:
         audited = s.exec(select(AuditLog.operation).where(AuditLog.executor_id == "x1")).all()
     assert sorted(audited) == ["executor.disconnected", "executor.healthy"]
+
+
+def test_a_healthy_write_says_when_its_gateway_is_already_known_gone(store: Store) -> None:
+    """A connection recorded HEALTHY on a gateway already marked gone (its watch swept the rows on it before this
+    one named it) is answered as such, so its workflow can be told; a live or unknown gateway, a retried write and a
+    write of another status are not. On PostgreSQL the read holds a share lock on the gateway's row until the write
+    commits: a ``mark_gone`` of it waits, so the sweep behind it reads the row."""
+    store.gateways.register("q-live", "live")
+    store.gateways.register("q-gone", "gone")
+    assert store.gateways.mark_gone("q-gone", "its watch found it gone")
+
+    def healthy(executor_id: str, queue: str, key: str = "") -> StatusWritten:
+        return store.record_status(org=ORG, app=APP, executor_id=executor_id, status=ExecutorStatus.HEALTHY,
+                                   operation="executor.healthy", event_key=key or f"{executor_id}/healthy",
+                                   info=ExecutorInfo(executor_id, application_version="v1"),
+                                   connection_id=f"c-{executor_id}", gateway_queue=queue, details={})
+
+    assert [healthy(e, q).gateway_gone for e, q in (("a", "q-live"), ("b", "q-gone"), ("c", "q-never-seen"))] == [
+        False, True, False]
+    again = healthy("b", "q-gone")  # a retry of the same activity: it landed, and the gateway is still gone
+    assert (again.written, again.gateway_gone) == (False, True)
+    assert not store.record_status(org=ORG, app=APP, executor_id="b", status=ExecutorStatus.DISCONNECTED,
+                                   operation="executor.disconnected", event_key="b/disconnected", info=None,
+                                   connection_id=None, gateway_queue=None, details={}).gateway_gone
+    assert store.gateways.revive("q-gone", "gone") is not None
+    assert not healthy("b", "q-gone", key="b/healthy/2").gateway_gone
+    if store.engine.dialect.name != "postgresql":
+        return
+    # A HEALTHY write's transaction, open after its gone check: the mark waits for it, then lands.
+    from core.store.registry import _GATEWAY_GONE_AT
+    marked: list[bool] = []
+    with store.engine.connect() as c, c.begin():
+        assert c.execute(_GATEWAY_GONE_AT, {"queue": "q-live"}).scalar() is None
+        thread = threading.Thread(target=lambda: marked.append(store.gateways.mark_gone("q-live", "test")))
+        thread.start()
+        thread.join(timeout=1.0)
+        assert thread.is_alive() and marked == []  # held by the share lock
+    thread.join(timeout=10)
+    assert marked == [True]
 
 
 def test_a_joining_executor_is_checked_on_one_connection_and_registers_a_new_app_once(store: Store) -> None:
