@@ -64,6 +64,19 @@ def cluster(tmp_path: Path) -> Iterator[tuple[dict[str, str], Process]]:
         temporal.stop()
 
 
+def _key(env: dict[str, str]) -> str:
+    """A new API key, made with the CLI (``--init``: on a fresh database)."""
+    return subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
+                          capture_output=True, text=True, timeout=60).stdout.strip()
+
+
+def _app(relay: Relay, app: str, grace: float) -> None:
+    """Create ``app`` with a grace of ``grace`` seconds."""
+    with relay.api() as api:
+        assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+        assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace}).status_code == 204
+
+
 def _gateway(env: dict[str, str], data_dir: Path, key: str, log: str, *, identity: str | None = None) -> Relay:
     """A `relay gateway`, up, optionally under an explicit ``identity`` (``RELAY_GATEWAY_ID``; the default is the
     host name, RELAY_PORT and the data dir). A process started under an identity makes the earlier processes of that
@@ -83,8 +96,7 @@ def _gateway(env: dict[str, str], data_dir: Path, key: str, log: str, *, identit
 
 def test_killed_gateway_disconnects_its_executors(cluster: tuple[dict[str, str], Process], tmp_path: Path) -> None:
     env, _worker = cluster
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout.strip()
+    key = _key(env)
     first = _gateway(env, tmp_path, key, "gateway-1.log")
     client: RawClient | None = None
     try:
@@ -116,8 +128,7 @@ def test_peer_gateway_killed_mid_recovery_moves_on_to_a_peer_elsewhere(
     """The recovery request is on its way through the peer's gateway when that gateway is SIGKILLed: the
     socket-bound activity's heartbeat timeout fails the attempt, and a peer on another gateway recovers."""
     env, _worker = cluster
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout.strip()
+    key = _key(env)
     app = "two-gateways"
     first = _gateway(env, tmp_path, key, "gateway-1.log", identity="first")
     second = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-2.log", identity="second")
@@ -162,17 +173,14 @@ def test_gateway_killed_for_good_its_executor_is_dead_and_recovered_on_time(
     disconnect, and the recovery request (by the peer, once) and the deletion follow at once."""
     env, _worker = cluster
     address, app, grace = env["RELAY_TEMPORAL_ADDRESS"], "gone-gateway", 4
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout.strip()
+    key = _key(env)
     doomed = _gateway(env, tmp_path, key, "gateway-doomed.log", identity="doomed")
     survivor = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-survivor.log",
                         identity="survivor")
     peer: RawPeer | None = None
     dead: RawPeer | None = None
     try:
-        with survivor.api() as api:
-            assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
-            assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace}).status_code == 204
+        _app(survivor, app, grace)
         peer = RawPeer(survivor.ws_url, app, key, "peer")
         dead = RawPeer(doomed.ws_url, app, key, "dead")
         wait_until(lambda: registry(tmp_path, app) == {"peer": "HEALTHY", "dead": "HEALTHY"}, timeout=15,
@@ -226,15 +234,12 @@ def test_a_connection_taken_in_after_its_gateway_was_swept_is_disconnected(
     would ever disconnect it; the record says so, the workflow is told, and the executor is DEAD one grace later."""
     env, worker = cluster
     address, app, grace = env["RELAY_TEMPORAL_ADDRESS"], "late-record", 2
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout.strip()
+    key = _key(env)
     gateway = _gateway(env, tmp_path, key, "gateway.log")
     late: Process | None = None
     client: RawClient | None = None
     try:
-        with gateway.api() as api:
-            assert api.put(f"/v2/orgs/local/apps/{app}").status_code == 204
-            assert api.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": grace}).status_code == 204
+        _app(gateway, app, grace)
         worker.stop()  # nothing is taken in from here until the late worker starts
         client = RawClient(f"{gateway.ws_url}websocket/{app}/{key}")
         client.handshake("late-1")
@@ -330,8 +335,7 @@ def test_a_restarted_gateway_makes_its_predecessor_gone_and_a_stopped_one_retire
     """SIGKILLed and started again on the same port and data dir (the same identity): the new process records the
     old one gone at once. Then SIGTERM: it records itself retired, and its watch ends without probing it."""
     env, _worker = cluster
-    key = subprocess.run([str(VENV_BIN / "relay"), "keys", "create", "--init"], env=env, check=True,
-                         capture_output=True, text=True, timeout=60).stdout.strip()
+    key = _key(env)
     # The first process's watch gets a heartbeat timeout far longer than a restart takes (a loaded machine took
     # over 4 s to start the second), so it is the restart that makes the first gone, not the watch.
     first = _gateway({**env, "RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS": str(RESTART_WINDOW)}, tmp_path, key,
