@@ -182,9 +182,9 @@ class RegistryStore(StoreBase):
                 return StatusWritten(written=landed_at is None, dead=[], at=now)
             # After the row's write, in its transaction: either the gateway's ``mark_gone`` came first and this
             # reads it, or it comes after this commits and the sweep behind it finds this row on that gateway.
-            gone = gateway_queue is not None and c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar()
+            gone_at = None if gateway_queue is None else c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar()
             return StatusWritten(written=landed_at is None, dead=dead_executors(c, org, app), at=now,
-                                 gateway_gone=bool(gone))
+                                 gateway_gone=gone_at is not None)
 
     def begin_grace(self, *, org: str, app: str, executor_id: str, event_key: str,
                     details: dict[str, Any]) -> GraceBegun | None:

@@ -16,6 +16,7 @@ from sqlmodel import Session, select
 from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
 from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, StatusWritten, Store
+from core.store.registry import _GATEWAY_GONE_AT
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
@@ -220,13 +221,12 @@ def test_a_healthy_write_says_when_its_gateway_is_already_known_gone(store: Stor
     assert (again.written, again.gateway_gone) == (False, True)
     assert not store.record_status(org=ORG, app=APP, executor_id="b", status=ExecutorStatus.DISCONNECTED,
                                    operation="executor.disconnected", event_key="b/disconnected", info=None,
-                                   connection_id=None, gateway_queue=None, details={}).gateway_gone
+                                   connection_id="c-b", gateway_queue="q-gone", details={}).gateway_gone
     assert store.gateways.revive("q-gone", "gone") is not None
     assert not healthy("b", "q-gone", key="b/healthy/2").gateway_gone
     if store.engine.dialect.name != "postgresql":
         return
     # A HEALTHY write's transaction, open after its gone check: the mark waits for it, then lands.
-    from core.store.registry import _GATEWAY_GONE_AT
     marked: list[bool] = []
     with store.engine.connect() as c, c.begin():
         assert c.execute(_GATEWAY_GONE_AT, {"queue": "q-live"}).scalar() is None
