@@ -27,7 +27,7 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from core import gateways, metrics
 from core.logs import OncePerWindow
 from core.settings import Settings
-from core.store import Store
+from core.store import RowSeen, Store
 from gateway import revocation
 from gateway.activities import HubActivities
 from gateway.admission import Admission
@@ -296,10 +296,16 @@ class Gateway:
         await self.close_all(FENCE_CLOSE_CODE, FOUND_GONE_REASON)
 
     async def signal_connected(self, org: str, app: str, signal: ConnectedSignal) -> bool:
-        """Signal-with-start the executor's lifecycle workflow. False when Temporal stayed unreachable."""
+        """Signal-with-start the executor's lifecycle workflow. False when Temporal stayed unreachable.
+
+        A HEALTHY executor's new socket (it moved here: its gateway died, or its old socket is being replaced) is
+        also written to the registry once the signal landed (``Store.move_healthy``), over the row as it was read
+        before the signal was sent: the registry names this gateway at once, not when the workflow gets to it."""
         executor_id = signal.info.executor_id
+        landed = False
 
         async def send() -> None:
+            nonlocal landed
             await self.client.start_workflow(
                 ExecutorLifecycleWorkflow.run,
                 LifecycleInput(org, app, executor_id, recovery_timeout=self.settings.recovery_timeout,
@@ -313,10 +319,38 @@ class Gateway:
                                                               ExecutorStatus.HEALTHY.value),
                 static_summary=f"DBOS executor {executor_id} of {org}/{app}",
             )
+            landed = True
+
+        async def send_then_move() -> bool:
+            seen = await self._row_seen(org, app, executor_id)
+            sent = await self._retry(send, f"connected for {executor_id}",
+                                     lambda: self._lanes.is_latest(key, connection_id))
+            if landed and seen is not None and seen.status == ExecutorStatus.HEALTHY and self._holds(org, app, signal):
+                await self._move_healthy(org, app, signal, seen)
+            return sent
 
         key, connection_id = (org, app, executor_id), signal.connection_id
-        return await self._lanes.send(key, connection_id, connected=True, send=lambda: self._retry(
-            send, f"connected for {executor_id}", lambda: self._lanes.is_latest(key, connection_id)))
+        return await self._lanes.send(key, connection_id, connected=True, send=send_then_move)
+
+    async def _row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
+        try:
+            return await self.store.call(self.store.row_seen, org, app, executor_id)
+        except Exception as err:  # the database away: the workflow writes the row when it takes the signal in
+            log.debug("registry row of %s not read: %s", executor_id, err)
+            return None
+
+    def _holds(self, org: str, app: str, signal: ConnectedSignal) -> bool:
+        conn = self.hub.find(org, app, signal.info.executor_id)
+        return conn is not None and conn.connection_id == signal.connection_id
+
+    async def _move_healthy(self, org: str, app: str, signal: ConnectedSignal, seen: RowSeen) -> None:
+        """Best effort: whatever this does not write, the workflow writes when it takes the signal in."""
+        try:
+            await self.store.call(self.store.move_healthy, org=org, app=app, executor_id=signal.info.executor_id,
+                                  seen=seen, connection_id=signal.connection_id, gateway_queue=signal.gateway_queue,
+                                  info=signal.info)
+        except Exception as err:
+            log.debug("move of %s left to its workflow: %s", signal.info.executor_id, err)
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""

@@ -39,6 +39,16 @@ class StatusWritten:
 
 
 @dataclass(frozen=True)
+class RowSeen:
+    """A registry row as a gateway read it before signalling a new socket's ``connected``: what ``move_healthy``
+    writes over once the signal landed, only if nothing wrote the row in between."""
+
+    status: ExecutorStatus
+    connection_id: str
+    updated_at: datetime
+
+
+@dataclass(frozen=True)
 class GraceBegun:
     """What ``Store.begin_grace`` found or wrote: when the DISCONNECTED row says the executor went away, the grace
     it audited, and whether this call wrote it."""
@@ -113,6 +123,12 @@ _APP_GRACE = sa_select(col(Application.executor_timeout)).where(
     col(Application.org) == bindparam("org"), col(Application.name) == bindparam("app"))
 _DISCONNECT_HEALTHY = sa_update(Executor).where(*_PK, col(Executor.status) == bindparam("k_healthy"),
                                                 col(Executor.connection_id) == bindparam("k_connection_id"))
+# A registry row as a gateway reads it before it signals ``connected`` (``RowSeen``), and the write over exactly that
+# row once the signal landed (``move_healthy``).
+_SEEN = sa_select(col(Executor.status), col(Executor.connection_id), col(Executor.updated_at)).where(*_PK)
+_MOVE_HEALTHY = sa_update(Executor).where(*_PK, col(Executor.status) == bindparam("k_healthy"),
+                                          col(Executor.connection_id) == bindparam("k_connection_id"),
+                                          col(Executor.updated_at) == bindparam("k_updated_at"))
 # Whether a gateway is known gone, read under a share lock on PostgreSQL (SQLite serializes writers anyway): a
 # ``mark_gone`` of it waits for the HEALTHY write that read it to commit, so the sweep that follows reads that row.
 _GATEWAY_GONE_AT = sa_select(col(GatewayProcess.gone_at)).where(
@@ -129,12 +145,9 @@ def _audit_row(*, org: str, app: str, executor_id: str, operation: str, event_ke
             "emit_time": now}
 
 
-def _write_status(c: Connection, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
-                  event_key: str, info: ExecutorInfo | None, connection_id: str | None, gateway_queue: str | None,
-                  details: dict[str, Any]) -> datetime:
-    """Upsert the registry row and insert its audit row (the caller found ``event_key`` not landed); their time."""
-    key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
-    now = utcnow()
+def _row_values(status: ExecutorStatus, now: datetime, info: ExecutorInfo | None, connection_id: str | None,
+                gateway_queue: str | None) -> dict[str, Any]:
+    """The registry row's columns a status write sets."""
     values: dict[str, Any] = {"status": status, "updated_at": now}
     if info is not None:
         values |= {"app_version": info.application_version, "hostname": info.hostname,
@@ -142,6 +155,16 @@ def _write_status(c: Connection, *, org: str, app: str, executor_id: str, status
                    "executor_metadata": info.executor_metadata}
     if connection_id is not None:
         values |= {"connection_id": connection_id, "gateway_queue": gateway_queue}
+    return values
+
+
+def _write_status(c: Connection, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
+                  event_key: str, info: ExecutorInfo | None, connection_id: str | None, gateway_queue: str | None,
+                  details: dict[str, Any]) -> datetime:
+    """Upsert the registry row and insert its audit row (the caller found ``event_key`` not landed); their time."""
+    key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+    now = utcnow()
+    values = _row_values(status, now, info, connection_id, gateway_queue)
     was = c.execute(_STATUS, key).scalar()
     if was is None:
         c.execute(_INSERT_EXECUTOR, {"org": org, "app": app, "executor_id": executor_id,
@@ -190,13 +213,23 @@ class RegistryStore(StoreBase):
                     details: dict[str, Any]) -> GraceBegun | None:
         """Record DISCONNECTED with the app's grace (``executorTimeoutSecs`` in the audit row), read in the same
         transaction, at most once per ``event_key``: a row already landed under it (the gateway's, or an earlier try)
-        is answered as it was written. None when the app no longer exists."""
+        is answered as it was written. None when the app no longer exists.
+
+        A row the gateway landed may since have been written HEALTHY again for that very connection: by this
+        workflow taking in its ``connected`` after the gateway had written both (``move_healthy``, then
+        ``record_disconnect``). The row is put back to DISCONNECTED, as of the landed time: the socket is closed."""
         with self.engine.begin() as c:
             landed = c.execute(_LANDED, {"event_key": event_key}).one_or_none()
             if landed is not None:
-                secs = (landed.details or {}).get(GRACE_DETAIL)
+                said = landed.details or {}
+                secs = said.get(GRACE_DETAIL)
                 grace = timedelta(seconds=secs) if secs is not None else c.execute(
                     _APP_GRACE, {"org": org, "app": app}).scalar()
+                if grace is not None and said.get("connection_id"):
+                    c.execute(_DISCONNECT_HEALTHY, {
+                        "k_org": org, "k_app": app, "k_executor_id": executor_id,
+                        "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": said["connection_id"],
+                        "status": ExecutorStatus.DISCONNECTED, "updated_at": landed.emit_time})
                 return None if grace is None else GraceBegun(at=landed.emit_time, grace=grace, written=False)
             grace = c.execute(_APP_GRACE, {"org": org, "app": app}).scalar()
             if grace is None:
@@ -209,11 +242,11 @@ class RegistryStore(StoreBase):
     def record_disconnect(self, *, org: str, app: str, executor_id: str, connection_id: str,
                           event_key: str) -> bool:
         """The gateway's own DISCONNECTED for a socket it saw close, written as it signals ``disconnected``: only
-        over the row the lifecycle workflow last wrote for that very socket (HEALTHY, that connection id), so it is
-        the same step the workflow takes on that signal, under the same event key (``disconnect_event_key``), and
-        whichever writes it second finds it landed. Any other row (a newer connection recorded, DEAD, none yet) is
-        left to the workflow. The workflow still decides everything after: the grace, DEAD, the recovery. True
-        when this call wrote it."""
+        over a row HEALTHY for that very socket (the lifecycle workflow's, or the gateway's ``move_healthy``), so it
+        is the same step the workflow takes on that signal, under the same event key (``disconnect_event_key``), and
+        whichever writes it second finds it landed (``begin_grace``). Any other row (a newer connection recorded,
+        DEAD, none yet) is left to the workflow. The workflow still decides everything after: the grace, DEAD, the
+        recovery. True when this call wrote it."""
         key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
         with self.engine.begin() as c:
             if c.execute(_LANDED_AT, {"event_key": event_key}).scalar() is not None:
@@ -232,6 +265,41 @@ class RegistryStore(StoreBase):
                                                 details={"connection_id": connection_id,
                                                          **rest_durations({GRACE_DETAIL: grace})}))
             return True
+
+    def row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
+        """The executor's registry row as ``move_healthy`` compares it; None when it has none."""
+        with self.engine.connect() as c:
+            row = c.execute(_SEEN, {"k_org": org, "k_app": app, "k_executor_id": executor_id}).one_or_none()
+        return None if row is None else RowSeen(ExecutorStatus(row.status), row.connection_id or "", row.updated_at)
+
+    def move_healthy(self, *, org: str, app: str, executor_id: str, seen: RowSeen, connection_id: str,
+                     gateway_queue: str, info: ExecutorInfo) -> bool:
+        """The gateway's own write of a HEALTHY executor's new socket, once its ``connected`` landed in Temporal:
+        the row names the new connection and gateway at once, not when the lifecycle workflow takes the signal in
+        (behind a backlog, as when a killed gateway's executors all move at once, that can be most of a grace).
+
+        Written only over the row exactly as ``seen`` before the signal was sent (HEALTHY, another connection, the
+        same write time), so it never undoes a write that came after: any later event of the executor lands in
+        Temporal after this signal, and the workflow (or a gateway) writes it after this read. An event from before
+        it that the workflow has yet to take in may still write an older row over this one; the workflow then
+        writes this connection itself when it takes it in, as it always does, with its gone check
+        (``record_status``). No audit row: the workflow's write audits the move. False when nothing was written,
+        also when this gateway is known gone (read after the write, in its transaction, as ``record_status``
+        does: the sweep of a gateway marked gone after this commits finds the row on it)."""
+        if seen.status != ExecutorStatus.HEALTHY or seen.connection_id == connection_id:
+            return False
+        key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+        values = _row_values(ExecutorStatus.HEALTHY, utcnow(), info, connection_id, gateway_queue)
+        with self.engine.connect() as c, c.begin() as transaction:
+            moved = c.execute(_MOVE_HEALTHY, key | values | {
+                "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": seen.connection_id,
+                "k_updated_at": seen.updated_at})
+            if moved.rowcount != 1:
+                return False
+            if c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar() is not None:
+                transaction.rollback()
+                return False
+        return True
 
     def dead_since(self, *, org: str, app: str, executor_id: str) -> datetime | None:
         """When the executor was recorded DEAD (its row's last write), or None when it is not DEAD."""

@@ -38,7 +38,7 @@ from tests.support import (
     wait_recorded,
     wait_until,
 )
-from workflows.contracts.common import Activity, gateway_workflow_id, lifecycle_workflow_id
+from workflows.contracts.common import Activity, ExecutorStatus, gateway_workflow_id, lifecycle_workflow_id
 from workflows.contracts.lifecycle import LifecycleState
 
 pytestmark = pytest.mark.e2e
@@ -272,6 +272,67 @@ def test_a_connection_taken_in_after_its_gateway_was_swept_is_disconnected(
         if late is not None:
             late.stop()
         gateway.process.stop()
+
+
+def test_a_moved_executor_is_named_on_its_new_gateway_once_its_connected_lands_and_still_dies_with_it(
+    cluster: tuple[dict[str, str], Process], tmp_path: Path
+) -> None:
+    """A HEALTHY executor whose gateway is SIGKILLed reconnects to another: the registry names the new gateway and
+    socket once the ``connected`` landed, before the lifecycle workflow takes it in (no worker runs meanwhile; the
+    workflow's own write is audited, the gateway's is not). That gateway SIGKILLed in turn, its watch's sweep finds
+    the row there: the executor is disconnected and DEAD one grace later."""
+    env, worker = cluster
+    address, app, grace = env["RELAY_TEMPORAL_ADDRESS"], "moved-early", 2
+    key = _key(env)
+    first = _gateway(env, tmp_path, key, "gateway-1.log", identity="first")
+    second = _gateway({**env, "RELAY_PORT": str(free_port())}, tmp_path, key, "gateway-2.log", identity="second")
+    late: Process | None = None
+    clients: list[RawClient] = []
+    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+    try:
+        _app(first, app, grace)
+        clients.append(RawClient(f"{first.ws_url}websocket/{app}/{key}"))
+        clients[-1].handshake("mover")
+        wait_recorded(address, app, "mover")
+        queues = {identity: queue for queue, identity, _gone in _gateway_rows(tmp_path)}
+        row = store.registry_row("local", app, "mover")
+        assert row is not None and (row.status, row.gateway_queue) == (ExecutorStatus.HEALTHY, queues["first"])
+
+        worker.stop()  # nothing is taken in from here until the late worker starts
+        first.process.kill()
+        clients[-1].close()
+        clients.append(RawClient(f"{second.ws_url}websocket/{app}/{key}"))
+        clients[-1].handshake("mover")
+
+        def moved() -> bool:
+            row = store.registry_row("local", app, "mover")
+            return row is not None and row.gateway_queue == queues["second"]
+
+        wait_until(moved, timeout=15, what="the registry naming the second gateway")
+        row = store.registry_row("local", app, "mover")
+        assert row is not None and row.status == ExecutorStatus.HEALTHY and row.connection_id != ""
+        assert [r.operation for r in audit_rows(tmp_path, app, "mover")] == ["executor.healthy"]
+
+        second.process.kill()
+        clients[-1].close()
+        late = Process([str(VENV_BIN / "relay"), "worker"], env=env, log=tmp_path / "worker-late.log")
+        wait_until(lambda: registry(tmp_path, app).get("mover") == "DEAD", timeout=grace + 6 * HEARTBEAT_TIMEOUT + 30,
+                   what="DEAD: its second gateway found gone, the grace run out")
+        rows = audit_rows(tmp_path, app, "mover")
+        assert [r.operation for r in rows][:4] == [
+            "executor.healthy", "executor.superseded", "executor.disconnected", "executor.dead"], [
+            r.operation for r in rows]
+        assert _one(rows, "executor.disconnected").details["connection_id"] == row.connection_id
+        disconnected, dead = _one(rows, "executor.disconnected").emit_time, _one(rows, "executor.dead").emit_time
+        assert grace - 0.1 <= dead - disconnected <= grace + GONE_GATEWAY_BOUND, dead - disconnected
+    finally:
+        store.engine.dispose()
+        for client in clients:
+            client.close()
+        if late is not None:
+            late.stop()
+        second.process.stop()
+        first.process.stop()
 
 
 def _signalled(address: str, workflow_id: str) -> bool:

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 
 from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
-from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, StatusWritten, Store
+from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, RowSeen, StatusWritten, Store
 from core.store.registry import _GATEWAY_GONE_AT
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
@@ -236,6 +236,93 @@ def test_a_healthy_write_says_when_its_gateway_is_already_known_gone(store: Stor
         assert thread.is_alive() and marked == []  # held by the share lock
     thread.join(timeout=10)
     assert marked == [True]
+
+
+def _row(store: Store, executor_id: str) -> tuple[ExecutorStatus, str | None, str | None]:
+    [row] = [e for e in store.list_executors(ORG, APP) if e.executor_id == executor_id]
+    return row.status, row.connection_id, row.gateway_queue
+
+
+def test_a_gateways_move_writes_only_over_the_row_it_read_before_its_signal(store: Store) -> None:
+    """``move_healthy``: a HEALTHY executor's new socket, written by the gateway once its ``connected`` landed, over
+    the row exactly as ``row_seen`` read it before the signal: any write in between (the workflow's, a gateway's
+    DISCONNECTED, another move) wins, and so does a gateway known gone. No audit row: the workflow audits it."""
+    store.gateways.register("q2", "g2")
+    store.gateways.register("q-gone", "gone")
+    assert store.gateways.mark_gone("q-gone", "its watch found it gone")
+    _executor(store, "x1", "v1", ExecutorStatus.HEALTHY)  # conn-x1 on relay-gateway-test
+    assert store.row_seen(ORG, APP, "nobody") is None
+    seen = store.row_seen(ORG, APP, "x1")
+    assert seen is not None and (seen.status, seen.connection_id) == (ExecutorStatus.HEALTHY, "conn-x1")
+    audited = len(store.list_audit(ORG, app=APP))
+
+    def move(seen: RowSeen | None, connection_id: str, queue: str = "q2", version: str = "v2") -> bool:
+        assert seen is not None
+        return store.move_healthy(org=ORG, app=APP, executor_id="x1", seen=seen, connection_id=connection_id,
+                                  gateway_queue=queue, info=ExecutorInfo("x1", application_version=version))
+
+    assert not move(seen, "conn-x1")  # its own connection: nothing to move
+    assert not move(seen, "c-gone", queue="q-gone")  # onto a gateway known gone: rolled back
+    assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "conn-x1", "relay-gateway-test")
+    assert move(seen, "c2")
+    assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c2", "q2")
+    assert [e.app_version for e in store.list_executors(ORG, APP) if e.executor_id == "x1"] == ["v2"]
+    assert len(store.list_audit(ORG, app=APP)) == audited
+    assert not move(seen, "c3")  # the row it read was written over (by its own move here)
+    # The workflow writes between the read and the move: the workflow's row stays.
+    seen = store.row_seen(ORG, APP, "x1")
+    store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.HEALTHY,
+                        operation="executor.superseded", event_key="x1/wf", connection_id="c4", gateway_queue="q2",
+                        details={}, info=ExecutorInfo("x1", application_version="v2"))
+    assert not move(seen, "c5")
+    assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c4", "q2")
+    # Written again as it was (the workflow taking in late the very socket the row names): still a write between.
+    seen = store.row_seen(ORG, APP, "x1")
+    store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.HEALTHY,
+                        operation="executor.superseded", event_key="x1/wf-again", connection_id="c4",
+                        gateway_queue="q2", details={}, info=ExecutorInfo("x1", application_version="v2"))
+    assert not move(seen, "c5")
+    assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c4", "q2")
+    # The gateway's own DISCONNECTED between them: the row stays DISCONNECTED, and a DISCONNECTED row is not moved.
+    seen = store.row_seen(ORG, APP, "x1")
+    assert store.record_disconnect(org=ORG, app=APP, executor_id="x1", connection_id="c4", event_key="x1/gone")
+    assert not move(seen, "c6")
+    assert not move(store.row_seen(ORG, APP, "x1"), "c6")
+    assert _row(store, "x1") == (ExecutorStatus.DISCONNECTED, "c4", "q2")
+
+
+def test_a_grace_begun_on_the_gateways_row_puts_back_disconnected_over_the_same_socket(store: Store) -> None:
+    """The gateway wrote a socket's move and then its close; the workflow, taking both in, writes the socket HEALTHY
+    (its own key) and then begins the grace on the gateway's DISCONNECTED: the row is DISCONNECTED again, as of the
+    gateway's time. A newer socket's row is left alone."""
+    store.update_app(ORG, APP, {"executor_timeout": timedelta(seconds=7)}, subject="test")
+    for executor_id in ("x1", "x2"):
+        _executor(store, executor_id, "v1", ExecutorStatus.HEALTHY)
+        seen = store.row_seen(ORG, APP, executor_id)
+        assert seen is not None
+        assert store.move_healthy(org=ORG, app=APP, executor_id=executor_id, seen=seen, connection_id="c2",
+                                  gateway_queue="q2", info=ExecutorInfo(executor_id, application_version="v1"))
+        assert store.record_disconnect(org=ORG, app=APP, executor_id=executor_id, connection_id="c2",
+                                       event_key=f"{executor_id}/gone")
+
+    def workflow_healthy(executor_id: str, connection_id: str) -> None:
+        store.record_status(org=ORG, app=APP, executor_id=executor_id, status=ExecutorStatus.HEALTHY,
+                            operation="executor.superseded", event_key=f"{executor_id}/{connection_id}",
+                            connection_id=connection_id, gateway_queue="q2", details={},
+                            info=ExecutorInfo(executor_id, application_version="v1"))
+
+    workflow_healthy("x1", "c2")
+    workflow_healthy("x2", "c2")
+    workflow_healthy("x2", "c3")  # x2 came back on a newer socket before its grace began
+    assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c2", "q2")
+    [gateway_row] = _disconnected_rows(store, "x1")
+    begun = store.begin_grace(org=ORG, app=APP, executor_id="x1", event_key="x1/gone", details={})
+    assert begun == GraceBegun(at=gateway_row.emit_time, grace=timedelta(seconds=7), written=False)
+    assert _row(store, "x1") == (ExecutorStatus.DISCONNECTED, "c2", "q2")
+    [row] = [e for e in store.list_executors(ORG, APP) if e.executor_id == "x1"]
+    assert row.updated_at == gateway_row.emit_time
+    store.begin_grace(org=ORG, app=APP, executor_id="x2", event_key="x2/gone", details={})
+    assert _row(store, "x2") == (ExecutorStatus.HEALTHY, "c3", "q2")
 
 
 def test_a_joining_executor_is_checked_on_one_connection_and_registers_a_new_app_once(store: Store) -> None:
