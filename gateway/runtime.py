@@ -80,6 +80,9 @@ RESTART_CLOSE_REASON = "gateway restarting; reconnect"
 CLOSE_WAIT = timedelta(seconds=2)
 # After the watch ends (or could not be checked), look again this long later.
 WATCH_RECHECK = timedelta(seconds=1)
+# How long a ``connected`` waits for its executor's registry row to be read (``Gateway.signal_connected``): a slow
+# database costs the early write of a move, never the signal's time.
+ROW_SEEN_WAIT = timedelta(seconds=1)
 
 
 class Gateway:
@@ -334,8 +337,9 @@ class Gateway:
 
     async def _row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
         try:
-            return await self.store.call(self.store.row_seen, org, app, executor_id)
-        except Exception as err:  # the database away: the workflow writes the row when it takes the signal in
+            return await asyncio.wait_for(self.store.call(self.store.row_seen, org, app, executor_id),
+                                          ROW_SEEN_WAIT.total_seconds())
+        except Exception as err:  # the database away or slow: the workflow writes the row when it takes it in
             log.debug("registry row of %s not read: %s", executor_id, err)
             return None
 
