@@ -336,8 +336,8 @@ class Gateway:
         return await self._lanes.send(key, connection_id, connected=True, send=send_then_move)
 
     async def _row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
-        try:
-            return await asyncio.wait_for(self.store.call(self.store.row_seen, org, app, executor_id),
+        try:  # a read: beside SQLite's writer thread (WAL), not queued behind its writes as ``Store.call`` would be
+            return await asyncio.wait_for(asyncio.to_thread(self.store.row_seen, org, app, executor_id),
                                           ROW_SEEN_WAIT.total_seconds())
         except Exception as err:  # the database away or slow: the workflow writes the row when it takes it in
             log.debug("registry row of %s not read: %s", executor_id, err)
