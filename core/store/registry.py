@@ -1,5 +1,6 @@
-"""The executor registry, written on behalf of each executor's lifecycle workflow (status, deletion) and read by
-the REST API, the gateways, the metrics, the orphan sweep and the reconciliation."""
+"""The executor registry, written on behalf of each executor's lifecycle workflow (status, deletion; a gateway writes
+ahead of it what the workflow will write on a signal it sent: a socket's close, a HEALTHY executor's new socket) and
+read by the REST API, the gateways, the metrics, the orphan sweep and the reconciliation."""
 
 from __future__ import annotations
 
