@@ -23,8 +23,8 @@ SUPERSEDED_CLOSE_CODE = 4000  # private-use range: "another connection of this e
 class Connection:
     """One executor socket, after its handshake."""
 
-    __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "signal", "_send",
-                 "_close", "_widen", "_wide", "_waiters", "_operator")
+    __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "signal", "landed",
+                 "_send", "_close", "_widen", "_wide", "_waiters", "_operator")
 
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
                  send: Send, close: Close, key_id: str = "", app_id: str = "", widen: Widen | None = None) -> None:
@@ -38,6 +38,9 @@ class Connection:
         self.session = session
         # The `connected` signal sent for it: the fence's probe answers with it, and reconciliation resends it.
         self.signal: ConnectedSignal | None = None
+        # Whether that signal has landed in Temporal: reconciliation resends only what landed (one still being sent
+        # lands by itself, and a second copy would only cost Temporal a signal and a workflow task).
+        self.landed = False
         self._send = send
         self._close = close
         self._widen = widen

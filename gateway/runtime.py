@@ -194,8 +194,9 @@ class Gateway:
 
     async def reconcile(self) -> None:
         """Make the registry agree with the sockets this process holds, after a time out of contact: each held
-        socket HEALTHY under its current connection id, each executor placed here without a socket (HEALTHY or
-        DISCONNECTED) disconnected.
+        socket whose ``connected`` landed HEALTHY under its current connection id (one still being sent lands by
+        itself: resending it too only adds to the load that cost the contact), each executor placed here without a
+        socket (HEALTHY or DISCONNECTED) disconnected.
 
         The registry may lag the workflows (writes are activities), so a mismatch can be one already on its way;
         resending is harmless: a ``connected`` for the recorded connection and a ``disconnected`` for a
@@ -205,7 +206,7 @@ class Gateway:
         held = {(c.org, c.app, c.executor_id): c for c in self.hub.connections()}
         resent = gone = 0
         for key, conn in held.items():
-            if conn.signal is not None and rows.get(key) != (ExecutorStatus.HEALTHY, conn.connection_id):
+            if conn.landed and rows.get(key) != (ExecutorStatus.HEALTHY, conn.connection_id):
                 resent += 1
                 self.spawn(self.resend_connected(conn))
         for (org, app, executor_id), (status, connection_id) in rows.items():
@@ -328,8 +329,11 @@ class Gateway:
             seen = await self._row_seen(org, app, executor_id)
             sent = await self._retry(send, f"connected for {executor_id}",
                                      lambda: self._lanes.is_latest(key, connection_id))
-            if landed and seen is not None and seen.status == ExecutorStatus.HEALTHY and self._holds(org, app, signal):
-                await self._move_healthy(org, app, signal, seen)
+            held = self._held(org, app, signal) if landed else None
+            if held is not None:
+                held.landed = True
+                if seen is not None and seen.status == ExecutorStatus.HEALTHY:
+                    await self._move_healthy(org, app, signal, seen)
             return sent
 
         key, connection_id = (org, app, executor_id), signal.connection_id
@@ -343,9 +347,10 @@ class Gateway:
             log.debug("registry row of %s not read: %s", executor_id, err)
             return None
 
-    def _holds(self, org: str, app: str, signal: ConnectedSignal) -> bool:
+    def _held(self, org: str, app: str, signal: ConnectedSignal) -> Connection | None:
+        """The socket the signal is for, while this process holds it."""
         conn = self.hub.find(org, app, signal.info.executor_id)
-        return conn is not None and conn.connection_id == signal.connection_id
+        return conn if conn is not None and conn.connection_id == signal.connection_id else None
 
     async def _move_healthy(self, org: str, app: str, signal: ConnectedSignal, seen: RowSeen) -> None:
         """Best effort: whatever this does not write, the workflow writes when it takes the signal in."""

@@ -14,6 +14,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
 from gateway import runtime
@@ -169,7 +170,7 @@ class FakeRegistry:
         return self.rows
 
 
-def _held(gateway: Gateway, executor_id: str, connection_id: str) -> Connection:
+def _held(gateway: Gateway, executor_id: str, connection_id: str, *, landed: bool = True) -> Connection:
     async def send(frame: str) -> None:
         pass
 
@@ -180,11 +181,13 @@ def _held(gateway: Gateway, executor_id: str, connection_id: str) -> Connection:
                       send=send, close=close)
     conn.signal = ConnectedSignal(connection_id=connection_id, gateway_queue=gateway.task_queue,
                                   info=ExecutorInfo(executor_id), signal_id="first")
+    conn.landed = landed
     gateway.hub.attach(conn)
     return conn
 
 
-async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is_gone(tmp_path: Path) -> None:
+async def test_reconcile_resends_what_landed_but_the_registry_lacks_and_disconnects_what_is_gone(
+        tmp_path: Path) -> None:
     H, D = ExecutorStatus.HEALTHY, ExecutorStatus.DISCONNECTED
     registry = FakeRegistry({
         ("o", "a", "fine"): (H, "c-fine"),  # held, recorded: nothing to do
@@ -199,6 +202,9 @@ async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is
     for executor_id, connection_id in [("fine", "c-fine"), ("wrongly-gone", "c-wrong"), ("old-conn", "c-new"),
                                        ("unknown", "c-unknown")]:
         _held(gateway, executor_id, connection_id)
+    # Held, its `connected` still being sent (not landed yet): it lands by itself, so it is not sent twice.
+    _held(gateway, "on-its-way", "c-way", landed=False)
+
     resent: list[tuple[str, str]] = []
     disconnected: list[tuple[str, str]] = []
 
@@ -215,6 +221,55 @@ async def test_reconcile_resends_what_the_registry_lacks_and_disconnects_what_is
     await gateway.drain()
     assert sorted(resent) == [("old-conn", "c-new"), ("unknown", "c-unknown"), ("wrongly-gone", "c-wrong")]
     assert disconnected == [("left", "c-left"), ("already-off", "c-off")]
+
+
+class LandingClient:
+    """What ``Gateway.signal_connected`` asks of a Temporal client: its signal-with-start, failing ``fail`` times
+    first (UNAVAILABLE), each landing recorded."""
+
+    def __init__(self, fail: int = 0) -> None:
+        self.fail = fail
+        self.landed: list[str] = []
+
+    async def start_workflow(self, *args: Any, start_signal_args: list[ConnectedSignal], **kwargs: Any) -> None:
+        if self.fail:
+            self.fail -= 1
+            raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
+        self.landed.append(start_signal_args[0].connection_id)
+
+
+async def test_a_landed_connected_marks_its_socket_and_writes_a_healthy_executors_move(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once its ``connected`` landed (after retries here), a held socket is marked landed (reconciliation resends
+    only those) and, for an executor HEALTHY under another socket, the registry names it (``Store.move_healthy``).
+    A new executor gets no row from the gateway; a socket closed before its signal landed is neither."""
+    monkeypatch.setattr(runtime, "SIGNAL_BACKOFF_INITIAL", timedelta(milliseconds=1))
+    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+    store.ensure_app("o", "a")
+    client = LandingClient(fail=2)
+    gateway = Gateway(settings=Settings(data_dir=tmp_path), store=store, client=cast(Client, client))
+    for executor_id in ("mover", "gone-before"):
+        store.record_status(org="o", app="a", executor_id=executor_id, status=ExecutorStatus.HEALTHY,
+                            operation="executor.healthy", event_key=f"{executor_id}/1", connection_id="c-old",
+                            gateway_queue="relay-gateway-elsewhere", details={},
+                            info=ExecutorInfo(executor_id, application_version="v1"))
+    try:
+        mover, new = _held(gateway, "mover", "c-here", landed=False), _held(gateway, "new", "c-new", landed=False)
+        for conn in (mover, new):
+            assert conn.signal is not None and await gateway.signal_connected("o", "a", conn.signal)
+        assert client.landed == ["c-here", "c-new"] and mover.landed and new.landed
+        moved = store.registry_row("o", "a", "mover")
+        assert moved is not None and (moved.status, moved.connection_id, moved.gateway_queue) == (
+            ExecutorStatus.HEALTHY, "c-here", gateway.task_queue)
+        assert store.registry_row("o", "a", "new") is None  # its workflow writes it
+
+        closed = _held(gateway, "gone-before", "c-closed", landed=False)
+        gateway.hub.detach(closed)
+        assert closed.signal is not None and await gateway.signal_connected("o", "a", closed.signal)
+        row = store.registry_row("o", "a", "gone-before")
+        assert not closed.landed and row is not None and row.connection_id == "c-old"
+    finally:
+        store.engine.dispose()
 
 
 @pytest.mark.parametrize("heartbeat", [0.5, 2, 10, 60])
