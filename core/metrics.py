@@ -97,6 +97,10 @@ SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From a socket event on a
                          "done, socket closed) to its lifecycle workflow recording it (HEALTHY written in the "
                          "registry; DISCONNECTED, which the gateway writes at the close, taken in).",
                          buckets=_FAST, registry=REGISTRY)
+MOVES = Counter("relay_gateway_moves", "A HEALTHY executor's new socket, written to the registry by its gateway as "
+                "its connected landed, by outcome: written; lost (the row was written in between, or this gateway is "
+                "known gone: its workflow writes it); unread (the row not read in time: its workflow writes it).",
+                ["outcome"], registry=REGISTRY)
 TRANSITIONS = Counter("relay_executor_transitions", "Executor statuses written to the registry.",
                       ["org", "app", "status"], registry=REGISTRY)
 HANDSHAKE = Histogram("relay_handshake_seconds", "From an executor's upgrade request to its executor_info reply.",

@@ -82,7 +82,7 @@ CLOSE_WAIT = timedelta(seconds=2)
 WATCH_RECHECK = timedelta(seconds=1)
 # How long a ``connected`` waits for its executor's registry row to be read (``Gateway.signal_connected``): a slow
 # database costs the early write of a move, never the signal's time.
-ROW_SEEN_WAIT = timedelta(seconds=1)
+ROW_SEEN_WAIT = timedelta(seconds=2)
 
 
 class Gateway:
@@ -107,6 +107,7 @@ class Gateway:
         self._left = 0  # times its watch found it gone (``_leave``)
         self._background: set[asyncio.Task[None]] = set()
         self._lanes = SignalLanes()
+        self._row_reads = RowReads(store)
         self.contact_state = ContactState(fence_after=settings.gateway_fence)
         self.management = Management(settings=settings, store=store, hub=self.hub, client=client,
                                      task_queue=self.task_queue)
@@ -332,20 +333,21 @@ class Gateway:
             held = self._held(org, app, signal) if landed else None
             if held is not None:
                 held.landed = True
-                if seen is not None and seen.status == ExecutorStatus.HEALTHY:
+                if isinstance(seen, Exception):
+                    metrics.MOVES.labels("unread").inc()
+                    log.debug("registry row of %s not read: %s", executor_id, seen)
+                elif seen is not None and seen.status == ExecutorStatus.HEALTHY:
                     await self._move_healthy(org, app, signal, seen)
             return sent
 
         key, connection_id = (org, app, executor_id), signal.connection_id
         return await self._lanes.send(key, connection_id, connected=True, send=send_then_move)
 
-    async def _row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
-        try:  # a read: beside SQLite's writer thread (WAL), not queued behind its writes as ``Store.call`` would be
-            return await asyncio.wait_for(asyncio.to_thread(self.store.row_seen, org, app, executor_id),
-                                          ROW_SEEN_WAIT.total_seconds())
+    async def _row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None | Exception:
+        try:
+            return await asyncio.wait_for(self._row_reads.seen((org, app, executor_id)), ROW_SEEN_WAIT.total_seconds())
         except Exception as err:  # the database away or slow: the workflow writes the row when it takes it in
-            log.debug("registry row of %s not read: %s", executor_id, err)
-            return None
+            return err
 
     def _held(self, org: str, app: str, signal: ConnectedSignal) -> Connection | None:
         """The socket the signal is for, while this process holds it."""
@@ -354,12 +356,16 @@ class Gateway:
 
     async def _move_healthy(self, org: str, app: str, signal: ConnectedSignal, seen: RowSeen) -> None:
         """Best effort: whatever this does not write, the workflow writes when it takes the signal in."""
+        if seen.connection_id == signal.connection_id:
+            return
         try:
-            await self.store.call(self.store.move_healthy, org=org, app=app, executor_id=signal.info.executor_id,
-                                  seen=seen, connection_id=signal.connection_id, gateway_queue=signal.gateway_queue,
-                                  info=signal.info)
+            written = await self.store.call(
+                self.store.move_healthy, org=org, app=app, executor_id=signal.info.executor_id, seen=seen,
+                connection_id=signal.connection_id, gateway_queue=signal.gateway_queue, info=signal.info)
         except Exception as err:
             log.debug("move of %s left to its workflow: %s", signal.info.executor_id, err)
+            written = False
+        metrics.MOVES.labels("written" if written else "lost").inc()
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""
@@ -472,6 +478,45 @@ class Gateway:
         """Wait for in-flight ``disconnected`` signals before the process exits."""
         if self._background:
             await asyncio.wait(list(self._background), timeout=timeout.total_seconds())
+
+
+class RowReads:
+    """The registry rows a burst of connects reads before signalling (``Gateway.signal_connected``), read together:
+    a read runs as soon as one is asked for, and those asked for meanwhile go in the next one, one query for up to
+    ``ROWS_SEEN_AT_ONCE`` executors (``Store.rows_seen``), beside SQLite's writer thread (WAL). A query per connect
+    queued behind the handshakes' own reads when a gateway's 3,333 executors all moved here at once, and many took
+    longer than the wait allowed."""
+
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._waiting: dict[tuple[str, str, str], list[asyncio.Future[RowSeen | None]]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def seen(self, executor: tuple[str, str, str]) -> RowSeen | None:
+        future: asyncio.Future[RowSeen | None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(executor, []).append(future)
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name="relay-gateway-row-reads")
+        return await future
+
+    async def _read(self) -> None:
+        try:
+            while self._waiting:
+                batch, self._waiting = self._waiting, {}
+                try:
+                    rows = await asyncio.to_thread(self._store.rows_seen, list(batch))
+                except Exception as err:  # each waiting connect takes it as "not read"
+                    for futures in batch.values():
+                        for future in futures:
+                            if not future.done():
+                                future.set_exception(err)
+                    continue
+                for key, futures in batch.items():
+                    for future in futures:
+                        if not future.done():
+                            future.set_result(rows.get(key))
+        finally:
+            self._reader = None
 
 
 class SignalLanes:

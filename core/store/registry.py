@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists
+from sqlalchemy import Connection, bindparam, exists, tuple_
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
@@ -126,7 +126,11 @@ _DISCONNECT_HEALTHY = sa_update(Executor).where(*_PK, col(Executor.status) == bi
                                                 col(Executor.connection_id) == bindparam("k_connection_id"))
 # A registry row as a gateway reads it before it signals ``connected`` (``RowSeen``), and the write over exactly that
 # row once the signal landed (``move_healthy``).
-_SEEN = sa_select(col(Executor.status), col(Executor.connection_id), col(Executor.updated_at)).where(*_PK)
+_KEY = tuple_(col(Executor.org), col(Executor.app), col(Executor.executor_id))
+_SEEN_MANY = sa_select(col(Executor.org), col(Executor.app), col(Executor.executor_id), col(Executor.status),
+                       col(Executor.connection_id), col(Executor.updated_at))
+# Keys per ``rows_seen`` query: three bound parameters each, well under SQLite's and PostgreSQL's limits.
+ROWS_SEEN_AT_ONCE = 500
 _MOVE_HEALTHY = sa_update(Executor).where(*_PK, col(Executor.status) == bindparam("k_healthy"),
                                           col(Executor.connection_id) == bindparam("k_connection_id"),
                                           col(Executor.updated_at) == bindparam("k_updated_at"))
@@ -269,9 +273,19 @@ class RegistryStore(StoreBase):
 
     def row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
         """The executor's registry row as ``move_healthy`` compares it; None when it has none."""
+        return self.rows_seen([(org, app, executor_id)]).get((org, app, executor_id))
+
+    def rows_seen(self, executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], RowSeen]:
+        """``row_seen`` for many executors in one query per ``ROWS_SEEN_AT_ONCE`` (a burst of connects: a
+        gateway's batch); those with no row are left out."""
+        out: dict[tuple[str, str, str], RowSeen] = {}
         with self.engine.connect() as c:
-            row = c.execute(_SEEN, {"k_org": org, "k_app": app, "k_executor_id": executor_id}).one_or_none()
-        return None if row is None else RowSeen(ExecutorStatus(row.status), row.connection_id or "", row.updated_at)
+            for start in range(0, len(executors), ROWS_SEEN_AT_ONCE):
+                chunk = executors[start:start + ROWS_SEEN_AT_ONCE]
+                for row in c.execute(_SEEN_MANY.where(_KEY.in_(chunk))):
+                    out[(row.org, row.app, row.executor_id)] = RowSeen(ExecutorStatus(row.status),
+                                                                       row.connection_id or "", row.updated_at)
+        return out
 
     def move_healthy(self, *, org: str, app: str, executor_id: str, seen: RowSeen, connection_id: str,
                      gateway_queue: str, info: ExecutorInfo) -> bool:

@@ -49,6 +49,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import httpx
+
 from tests.bench import actions
 from tests.bench.common import (
     ORG,
@@ -220,8 +222,10 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
         done = float("inf")
     out = mon.end(phase, done_at=min(done, time.time()))
     moved = {k: v - before.get(k, 0) for k, v in fleet.stats().items()}
-    out.update(healthy_again_s=round(done - t_kill, 2), generators=moved)
-    log(f"  all HEALTHY again {out['healthy_again_s']} s after the kill (grace {GRACE_S} s); generators {moved}")
+    out.update(healthy_again_s=round(done - t_kill, 2), generators=moved,
+               gateway_moves=_gateway_moves(fleet, skip=victim))
+    log(f"  all HEALTHY again {out['healthy_again_s']} s after the kill (grace {GRACE_S} s); generators {moved}; "
+        f"moves written by the gateways {out['gateway_moves']}")
 
     # The dead gateway is found gone within about three heartbeat timeouts; the executors it still held in the
     # registry then are disconnected, and their grace runs out GRACE_S later unless their reconnect landed.
@@ -240,6 +244,21 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
                recoveries=ops["executor.recovery.dispatched"], final=fleet.stack.status_counts(APP))
     log(f"  since the kill: {dict(ops)}")
     return out, aftermath
+
+
+def _gateway_moves(fleet: Fleet, *, skip: int) -> dict[str, float]:
+    """``relay_gateway_moves_total`` by outcome, over the gateways but ``skip`` (each one's /metrics)."""
+    total: dict[str, float] = {}
+    for i, port in enumerate(fleet.ports):
+        if i == skip:
+            continue
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
+                         headers={"authorization": f"Bearer {fleet.stack.key}"}).text
+        for line in text.splitlines():
+            if line.startswith("relay_gateway_moves_total{"):
+                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
+                total[outcome] = total.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+    return total
 
 
 def _close(fleet: Fleet, mon: Monitor, n: int) -> dict[str, Any]:

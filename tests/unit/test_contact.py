@@ -14,6 +14,7 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
+from core import metrics
 from core.models import make_engine
 from core.settings import Settings
 from core.store import Store
@@ -253,6 +254,7 @@ async def test_a_landed_connected_marks_its_socket_and_writes_a_healthy_executor
                             operation="executor.healthy", event_key=f"{executor_id}/1", connection_id="c-old",
                             gateway_queue="relay-gateway-elsewhere", details={},
                             info=ExecutorInfo(executor_id, application_version="v1"))
+    written = metrics.REGISTRY.get_sample_value("relay_gateway_moves_total", {"outcome": "written"}) or 0.0
     try:
         mover, new = _held(gateway, "mover", "c-here", landed=False), _held(gateway, "new", "c-new", landed=False)
         for conn in (mover, new):
@@ -262,6 +264,7 @@ async def test_a_landed_connected_marks_its_socket_and_writes_a_healthy_executor
         assert moved is not None and (moved.status, moved.connection_id, moved.gateway_queue) == (
             ExecutorStatus.HEALTHY, "c-here", gateway.task_queue)
         assert store.registry_row("o", "a", "new") is None  # its workflow writes it
+        assert metrics.REGISTRY.get_sample_value("relay_gateway_moves_total", {"outcome": "written"}) == written + 1
 
         closed = _held(gateway, "gone-before", "c-closed", landed=False)
         gateway.hub.detach(closed)
