@@ -16,6 +16,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -483,14 +484,15 @@ class Gateway:
 class RowReads:
     """The registry rows a burst of connects reads before signalling (``Gateway.signal_connected``), read together:
     a read runs as soon as one is asked for, and those asked for meanwhile go in the next one, one query for up to
-    ``ROWS_SEEN_AT_ONCE`` executors (``Store.rows_seen``), beside SQLite's writer thread (WAL). A query per connect
-    queued behind the handshakes' own reads when a gateway's 3,333 executors all moved here at once, and many took
-    longer than the wait allowed."""
+    ``ROWS_SEEN_AT_ONCE`` executors (``Store.rows_seen``), on a thread of its own (beside SQLite's writer thread:
+    WAL). A query per connect, in the event loop's default pool, queued behind the handshakes' own key checks when a
+    gateway's 3,333 executors all moved here at once, and many took longer than the wait allowed."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._waiting: dict[tuple[str, str, str], list[asyncio.Future[RowSeen | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-row-reads")
 
     async def seen(self, executor: tuple[str, str, str]) -> RowSeen | None:
         future: asyncio.Future[RowSeen | None] = asyncio.get_running_loop().create_future()
@@ -504,7 +506,8 @@ class RowReads:
             while self._waiting:
                 batch, self._waiting = self._waiting, {}
                 try:
-                    rows = await asyncio.to_thread(self._store.rows_seen, list(batch))
+                    rows = await asyncio.get_running_loop().run_in_executor(
+                        self._thread, self._store.rows_seen, list(batch))
                 except Exception as err:  # each waiting connect takes it as "not read"
                     for futures in batch.values():
                         for future in futures:
