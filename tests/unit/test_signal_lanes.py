@@ -1,4 +1,4 @@
-"""The gateway's per-executor signal order (``runtime.SignalLanes``): one executor's signals go out one at a time,
+"""The gateway's per-executor signal order (``signals.SignalLanes``): one executor's signals go out one at a time,
 in the order they were queued; those overtaken by a newer connection are dropped; other executors do not wait."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway.runtime import SignalLanes
+from gateway.signals import SignalLanes
 
 EX = ("acme", "shop", "ex-1")
 
