@@ -67,7 +67,7 @@ from tests.bench.common import (
     scaled,
     start_stack,
 )
-from tests.bench.monitor import Monitor
+from tests.bench.monitor import Monitor, samples
 from tests.postgres import postgres_cluster
 from tests.support import free_port, healthy, wait_until
 
@@ -254,10 +254,8 @@ def _gateway_moves(fleet: Fleet, *, skip: int) -> dict[str, float]:
             continue
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
                          headers={"authorization": f"Bearer {fleet.stack.key}"}).text
-        for line in text.splitlines():
-            if line.startswith("relay_gateway_moves_total{"):
-                outcome = line.split('outcome="', 1)[1].split('"', 1)[0]
-                total[outcome] = total.get(outcome, 0.0) + float(line.rsplit(" ", 1)[1])
+        for labels, value in samples(text, "relay_gateway_moves"):
+            total[labels.get("outcome", "")] = total.get(labels.get("outcome", ""), 0.0) + value
     return total
 
 

@@ -104,10 +104,9 @@ class Monitor:
         row = self.reader.execute(query, (self.database,)).fetchone()
         assert row is not None
         server: Counter[str] = Counter()
-        for line in httpx.get(self.metrics_url, timeout=10).text.splitlines():
-            if line.startswith("action{") and 'namespace="default"' in line:
-                kind = line.split('action_type="', 1)[1].split('"', 1)[0]
-                server[kind] += round(float(line.rsplit(" ", 1)[1]))
+        for labels, value in samples(httpx.get(self.metrics_url, timeout=10).text, "action"):
+            if labels.get("namespace") == "default":
+                server[labels.get("action_type", "")] += round(value)
         # PostgreSQL: the postmaster and every backend seen so far (one that has exited keeps its last reading).
         self.pids["postgres"] = sorted({*self.pids["postgres"], *_children(self.pids["postgres"][0])})
         cpu = {name: sum(self._cpu(pid) for pid in pids) for name, pids in self.pids.items()}
@@ -135,6 +134,15 @@ class Monitor:
         self.thread.join(5)
         self.reader.close()
         self.sampler.close()
+
+
+def samples(text: str, family: str) -> list[tuple[dict[str, str], float]]:
+    """The samples of one metric family (``family`` or ``family_total``) in a Prometheus text exposition, parsed by
+    ``prometheus_client`` rather than by splitting lines (a label value may hold a space, a comma or a brace)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(dict(sample.labels), float(sample.value)) for metrics in text_string_to_metric_families(text)
+            for sample in metrics.samples if sample.name in (family, f"{family}_total")]
 
 
 def _children(pid: int) -> list[int]:
