@@ -34,7 +34,7 @@ from gateway.admission import Admission
 from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection, Hub
 from gateway.management import Management
-from gateway.signals import RowReads, SignalLanes
+from gateway.signals import Read, RowReads, SignalLanes
 from workflows.contracts.common import (
     GATEWAY_TASK_QUEUE_PREFIX,
     SHARED_TASK_QUEUE,
@@ -81,9 +81,30 @@ RESTART_CLOSE_REASON = "gateway restarting; reconnect"
 CLOSE_WAIT = timedelta(seconds=2)
 # After the watch ends (or could not be checked), look again this long later.
 WATCH_RECHECK = timedelta(seconds=1)
-# How long a ``connected`` waits for its executor's registry row to be read (``Gateway.signal_connected``): a slow
-# database costs the early write of a move, never the signal's time.
+# How long a ``connected`` waits for its executor's registry row to be read (``Gateway.signal_connected``), and how
+# long after it landed the read may still be handed over (a read taken before the signal was sent but delivered late,
+# behind a burst of handshakes, is still used): a slow database costs the early write of a move, never the signal's
+# time.
 ROW_SEEN_WAIT = timedelta(seconds=2)
+
+
+async def _read_before(read: asyncio.Future[Read], sending_from: float) -> RowSeen | None | Exception:
+    """The registry row as read before a signal was first sent (``sending_from``, on ``time.monotonic``), or why
+    there is none: the read failed, did not come, or was taken after. A read taken in time but handed over late (the
+    event loop busy with a burst of handshakes) still counts."""
+    try:
+        row, read_at = await asyncio.wait_for(read, ROW_SEEN_WAIT.total_seconds())
+    except Exception as err:  # the database away or slow: the workflow writes the row when it takes it in
+        return err
+    if read_at >= sending_from:
+        return TimeoutError("the row was read after the signal was sent")
+    return row
+
+
+def _retrieved(read: asyncio.Future[Read]) -> None:
+    """A read's failure is counted where it is wanted (``_read_before``), and not wanted otherwise."""
+    if not read.cancelled():
+        read.exception()
 
 
 class Gateway:
@@ -328,12 +349,18 @@ class Gateway:
             landed = True
 
         async def send_then_move() -> bool:
-            seen = await self._row_seen(org, app, executor_id)
+            read = asyncio.ensure_future(self._row_reads.seen(key))
+            read.add_done_callback(_retrieved)
+            await asyncio.wait([read], timeout=ROW_SEEN_WAIT.total_seconds())
+            sending_from = time.monotonic()
             sent = await self._retry(send, f"connected for {executor_id}",
                                      lambda: self._lanes.is_latest(key, connection_id))
             held = self._held(org, app, signal) if landed else None
-            if held is not None:
+            if held is None:
+                read.cancel()
+            else:
                 held.landed = True
+                seen = await _read_before(read, sending_from)
                 if isinstance(seen, Exception):
                     metrics.MOVES.labels("unread").inc()
                     log.debug("registry row of %s not read: %s", executor_id, seen)
@@ -343,12 +370,6 @@ class Gateway:
 
         key, connection_id = (org, app, executor_id), signal.connection_id
         return await self._lanes.send(key, connection_id, connected=True, send=send_then_move)
-
-    async def _row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None | Exception:
-        try:
-            return await asyncio.wait_for(self._row_reads.seen((org, app, executor_id)), ROW_SEEN_WAIT.total_seconds())
-        except Exception as err:  # the database away or slow: the workflow writes the row when it takes it in
-            return err
 
     def _held(self, org: str, app: str, signal: ConnectedSignal) -> Connection | None:
         """The socket the signal is for, while this process holds it."""

@@ -5,10 +5,17 @@ signalling, read together (``RowReads``)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from core.store import RowSeen, Store
+
+
+class Read(NamedTuple):
+    row: RowSeen | None
+    at: float  # time.monotonic() once the query had returned
 
 
 class RowReads:
@@ -16,16 +23,21 @@ class RowReads:
     a read runs as soon as one is asked for, and those asked for meanwhile go in the next one, one query for up to
     ``ROWS_SEEN_AT_ONCE`` executors (``Store.rows_seen``), on a thread of its own (beside SQLite's writer thread:
     WAL). A query per connect, in the event loop's default pool, queued behind the handshakes' own key checks when a
-    gateway's 3,333 executors all moved here at once, and many took longer than the wait allowed."""
+    gateway's 3,333 executors all moved here at once, and many took longer than the wait allowed.
+
+    Each row comes with the moment (``time.monotonic``, taken on the reading thread once the query returned) it was
+    read: whether it was read before a signal was sent is a fact about that moment, not about when the event loop,
+    busy with a burst of handshakes, got round to handing it over."""
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._waiting: dict[tuple[str, str, str], list[asyncio.Future[RowSeen | None]]] = {}
+        self._waiting: dict[tuple[str, str, str], list[asyncio.Future[Read]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="relay-row-reads")
 
-    async def seen(self, executor: tuple[str, str, str]) -> RowSeen | None:
-        future: asyncio.Future[RowSeen | None] = asyncio.get_running_loop().create_future()
+    async def seen(self, executor: tuple[str, str, str]) -> Read:
+        """The executor's row (None: it has none) and when it was read."""
+        future: asyncio.Future[Read] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(executor, []).append(future)
         if self._reader is None:
             self._reader = asyncio.create_task(self._read(), name="relay-gateway-row-reads")
@@ -36,8 +48,8 @@ class RowReads:
             while self._waiting:
                 batch, self._waiting = self._waiting, {}
                 try:
-                    rows = await asyncio.get_running_loop().run_in_executor(
-                        self._thread, self._store.rows_seen, list(batch))
+                    rows, read_at = await asyncio.get_running_loop().run_in_executor(
+                        self._thread, self._read_now, list(batch))
                 except Exception as err:  # each waiting connect takes it as "not read"
                     for futures in batch.values():
                         for future in futures:
@@ -47,9 +59,13 @@ class RowReads:
                 for key, futures in batch.items():
                     for future in futures:
                         if not future.done():
-                            future.set_result(rows.get(key))
+                            future.set_result(Read(rows.get(key), read_at))
         finally:
             self._reader = None
+
+    def _read_now(self, executors: list[tuple[str, str, str]]) -> tuple[dict[tuple[str, str, str], RowSeen], float]:
+        rows = self._store.rows_seen(executors)
+        return rows, time.monotonic()
 
 
 class SignalLanes:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, cast
@@ -229,11 +230,13 @@ class LandingClient:
     """What ``Gateway.signal_connected`` asks of a Temporal client: its signal-with-start, failing ``fail`` times
     first (UNAVAILABLE), each landing recorded."""
 
-    def __init__(self, fail: int = 0) -> None:
+    def __init__(self, fail: int = 0, delay: float = 0.0) -> None:
         self.fail = fail
+        self.delay = delay  # seconds each call takes
         self.landed: list[str] = []
 
     async def start_workflow(self, *args: Any, start_signal_args: list[ConnectedSignal], **kwargs: Any) -> None:
+        await asyncio.sleep(self.delay)
         if self.fail:
             self.fail -= 1
             raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
@@ -306,6 +309,77 @@ async def test_a_connected_whose_row_could_not_be_read_lands_and_leaves_the_move
         row = store.registry_row("o", "a", "mover")
         assert row is not None and (row.connection_id, row.gateway_queue) == ("c-old", "relay-gateway-elsewhere")
         assert (moves("unread"), moves("written")) == (unread + 1, written)
+    finally:
+        store.engine.dispose()
+
+
+def _moving(tmp_path: Path) -> Store:
+    """A store whose executor "mover" is HEALTHY under connection c-old on another gateway."""
+    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+    store.ensure_app("o", "a")
+    store.record_status(org="o", app="a", executor_id="mover", status=ExecutorStatus.HEALTHY,
+                        operation="executor.healthy", event_key="mover/1", connection_id="c-old",
+                        gateway_queue="relay-gateway-elsewhere", details={},
+                        info=ExecutorInfo("mover", application_version="v1"))
+    return store
+
+
+def _moves(outcome: str) -> float:
+    return metrics.REGISTRY.get_sample_value("relay_gateway_moves_total", {"outcome": outcome}) or 0.0
+
+
+async def test_a_row_read_before_the_signal_but_handed_over_late_still_writes_the_move(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The event loop busy past the wait (a burst of handshakes; here a blocking call): the row was read on its
+    thread before the signal was sent, so the move is written once the signal landed, not left to the workflow."""
+    monkeypatch.setattr(runtime, "ROW_SEEN_WAIT", timedelta(milliseconds=50))
+    store = _moving(tmp_path)
+    rows_seen = store.rows_seen
+
+    def in_the_blocked_time(executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
+        time.sleep(0.1)  # returns while the loop is blocked (from 0.02 s to 0.32 s), after the wait began
+        return rows_seen(executors)
+
+    monkeypatch.setattr(store, "rows_seen", in_the_blocked_time)
+    client = LandingClient()
+    gateway = Gateway(settings=Settings(data_dir=tmp_path), store=store, client=cast(Client, client))
+    unread, written = _moves("unread"), _moves("written")
+    try:
+        mover = _held(gateway, "mover", "c-here", landed=False)
+        assert mover.signal is not None
+        asyncio.get_running_loop().call_later(0.02, time.sleep, 0.3)  # the loop, busy past the wait
+        assert await gateway.signal_connected("o", "a", mover.signal)
+        assert client.landed == ["c-here"] and mover.landed
+        row = store.registry_row("o", "a", "mover")
+        assert row is not None and (row.connection_id, row.gateway_queue) == ("c-here", gateway.task_queue)
+        assert (_moves("unread"), _moves("written")) == (unread, written + 1)
+    finally:
+        store.engine.dispose()
+
+
+async def test_a_row_read_only_after_the_signal_was_sent_is_not_used(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that came back after the signal was first sent may have seen the signal's own consequences: it is not
+    compared against, the row is left to the workflow and the move counted ``unread``."""
+    monkeypatch.setattr(runtime, "ROW_SEEN_WAIT", timedelta(milliseconds=100))
+    store = _moving(tmp_path)
+    rows_seen = store.rows_seen
+
+    def slow(executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
+        time.sleep(0.2)
+        return rows_seen(executors)
+
+    monkeypatch.setattr(store, "rows_seen", slow)
+    client = LandingClient(delay=0.3)  # lands after the read came back
+    gateway = Gateway(settings=Settings(data_dir=tmp_path), store=store, client=cast(Client, client))
+    unread, written = _moves("unread"), _moves("written")
+    try:
+        mover = _held(gateway, "mover", "c-here", landed=False)
+        assert mover.signal is not None and await gateway.signal_connected("o", "a", mover.signal)
+        assert client.landed == ["c-here"] and mover.landed
+        row = store.registry_row("o", "a", "mover")
+        assert row is not None and row.connection_id == "c-old"
+        assert (_moves("unread"), _moves("written")) == (unread + 1, written)
     finally:
         store.engine.dispose()
 
