@@ -25,6 +25,7 @@ from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection
 from gateway.runtime import Gateway
 from gateway.session import Session
+from gateway.signals import RowReads
 from workflows.contracts.common import ConnectedSignal, ExecutorInfo, ExecutorStatus
 
 FENCE = timedelta(seconds=10)
@@ -382,6 +383,34 @@ async def test_a_row_read_only_after_the_signal_was_sent_is_not_used(
         assert (_moves("unread"), _moves("written")) == (unread + 1, written)
     finally:
         store.engine.dispose()
+
+
+async def test_the_reading_thread_reads_the_next_batch_while_the_event_loop_is_busy(tmp_path: Path,
+                                                                                     monkeypatch: pytest.MonkeyPatch
+                                                                                     ) -> None:
+    """A batch asked for while a query runs is read as soon as that query returns, on the reading thread, not once
+    the event loop (busy with a burst of handshakes; here blocked for 0.6 s) has handed the first one over."""
+    store = _moving(tmp_path)
+    rows_seen, batches = store.rows_seen, []
+
+    def slow(executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
+        batches.append(sorted(executors))
+        time.sleep(0.1)
+        return rows_seen(executors)
+
+    monkeypatch.setattr(store, "rows_seen", slow)
+    reads = RowReads(store)
+    loop = asyncio.get_running_loop()
+    began = time.monotonic()
+    first = asyncio.ensure_future(reads.seen(("o", "a", "mover")))
+    await asyncio.sleep(0.05)  # the first query is running (it takes 0.1 s)
+    second = asyncio.ensure_future(reads.seen(("o", "a", "new")))
+    await asyncio.sleep(0)  # asked for
+    loop.call_soon(time.sleep, 0.6)
+    (row, first_at), (none, second_at) = await first, await second
+    assert batches == [[("o", "a", "mover")], [("o", "a", "new")]]
+    assert row is not None and row.connection_id == "c-old" and none is None
+    assert first_at - began < 0.3 and second_at - began < 0.45  # both read inside the 0.6 s the loop was busy
 
 
 @pytest.mark.parametrize("heartbeat", [0.5, 2, 10, 60])
