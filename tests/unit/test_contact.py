@@ -285,12 +285,7 @@ async def test_a_connected_whose_row_could_not_be_read_lands_and_leaves_the_move
     """The registry row a connect reads before signalling (``RowReads``) failing, the database away: the signal
     still lands and its socket is marked landed, the row is left as it was for the workflow to write, and the move
     counts as ``unread``, not ``written``."""
-    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
-    store.ensure_app("o", "a")
-    store.record_status(org="o", app="a", executor_id="mover", status=ExecutorStatus.HEALTHY,
-                        operation="executor.healthy", event_key="mover/1", connection_id="c-old",
-                        gateway_queue="relay-gateway-elsewhere", details={},
-                        info=ExecutorInfo("mover", application_version="v1"))
+    store = _moving(tmp_path)
 
     def unreachable(executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
         raise OperationalError("SELECT registry", {}, Exception("database is away"))
@@ -298,18 +293,14 @@ async def test_a_connected_whose_row_could_not_be_read_lands_and_leaves_the_move
     monkeypatch.setattr(store, "rows_seen", unreachable)
     client = LandingClient(fail=0)
     gateway = Gateway(settings=Settings(data_dir=tmp_path), store=store, client=cast(Client, client))
-
-    def moves(outcome: str) -> float:
-        return metrics.REGISTRY.get_sample_value("relay_gateway_moves_total", {"outcome": outcome}) or 0.0
-
-    unread, written = moves("unread"), moves("written")
+    unread, written = _moves("unread"), _moves("written")
     try:
         mover = _held(gateway, "mover", "c-here", landed=False)
         assert mover.signal is not None and await gateway.signal_connected("o", "a", mover.signal)
         assert client.landed == ["c-here"] and mover.landed
         row = store.registry_row("o", "a", "mover")
         assert row is not None and (row.connection_id, row.gateway_queue) == ("c-old", "relay-gateway-elsewhere")
-        assert (moves("unread"), moves("written")) == (unread + 1, written)
+        assert (_moves("unread"), _moves("written")) == (unread + 1, written)
     finally:
         store.engine.dispose()
 
