@@ -210,8 +210,14 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
     phase = mon.begin("gateway kill", fleet.per)
     fleet.gateways[victim].kill()
     t_kill = time.time()
+    curve: list[tuple[float, int]] = []  # (seconds after the kill, executors HEALTHY elsewhere) at each look
+
+    def moved() -> bool:
+        curve.append((time.time() - t_kill, fleet.count("AND status = 'HEALTHY' AND gateway_queue <> ?", queue)))
+        return curve[-1][1] >= n
+
     try:
-        wait_until(lambda: fleet.count("AND status = 'HEALTHY' AND gateway_queue <> ?", queue) >= n,
+        wait_until(moved,
                    timeout=GRACE_S + 60 + fleet.per / 10, interval=0.5,
                    what="every executor HEALTHY on the surviving gateways")
         latest = fleet.stack.query("SELECT MAX(updated_at) FROM executor WHERE app = ? AND executor_id LIKE ?",
@@ -221,10 +227,10 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
         log(f"  gateway kill: {err}")
         done = float("inf")
     out = mon.end(phase, done_at=min(done, time.time()))
-    moved = {k: v - before.get(k, 0) for k, v in fleet.stats().items()}
-    out.update(healthy_again_s=round(done - t_kill, 2), generators=moved,
+    generators = {k: v - before.get(k, 0) for k, v in fleet.stats().items()}
+    out.update(healthy_again_s=round(done - t_kill, 2), generators=generators,
                gateway_moves=_gateway_moves(fleet, skip=victim))
-    log(f"  all HEALTHY again {out['healthy_again_s']} s after the kill (grace {GRACE_S} s); generators {moved}; "
+    log(f"  all HEALTHY again {out['healthy_again_s']} s after the kill (grace {GRACE_S} s); generators {generators}; "
         f"moves written by the gateways {out['gateway_moves']}")
 
     # The dead gateway is found gone within about three heartbeat timeouts; the executors it still held in the
@@ -241,9 +247,44 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
                                                              "executor.reconnected", "executor.dead",
                                                              "executor.recovery.dispatched"], since=t_kill))
     out.update(audit_since_kill=dict(ops), dead=ops["executor.dead"],
-               recoveries=ops["executor.recovery.dispatched"], final=fleet.stack.status_counts(APP))
+               recoveries=ops["executor.recovery.dispatched"], final=fleet.stack.status_counts(APP),
+               timeline=_timeline(fleet, prefix, queue, t_kill, curve))
     log(f"  since the kill: {dict(ops)}")
     return out, aftermath
+
+
+def _timeline(fleet: Fleet, prefix: str, queue: str, t_kill: float, curve: list[tuple[float, int]]
+              ) -> dict[str, Any]:
+    """Seconds after the kill, as percentiles over the killed gateway's executors: their reconnects' handshakes
+    done (the generators), their registry rows HEALTHY elsewhere (as the bench looked: by a gateway's move or by the
+    workflow), their rows' last write and the workflows' audit of the move (the workflow writes the row again when it
+    takes the move in); when the dead gateway was recorded gone; and the trail of the last rows."""
+    def spread(values: list[float]) -> dict[str, float]:
+        return {f"p{q}": round(percentile(values, q), 2) for q in (50, 90, 99, 100)} | {"n": len(values)}
+
+    redialed = [t - t_kill for r in fleet.each(lambda _, gen: gen.call("redialed_at", since=t_kill)) for t in r["at"]]
+    rows = fleet.stack.query("SELECT executor_id, updated_at FROM executor WHERE app = ? AND executor_id LIKE ? "
+                             "AND gateway_queue <> ?", (APP, prefix + "%", queue))
+    written = {ex: epoch(t) - t_kill for ex, t in rows}
+    audited: dict[str, float] = {}
+    trail: dict[str, list[tuple[str, float]]] = {}
+    for op, ex, t in sorted(fleet.stack.audit(APP, ["executor.reconnected", "executor.superseded",
+                                                    "executor.disconnected", "executor.healthy"], since=t_kill),
+                            key=lambda row: row[2]):
+        if ex.startswith(prefix):
+            audited.setdefault(ex, t - t_kill)
+            trail.setdefault(ex, []).append((op, round(t - t_kill, 2)))
+    gone = fleet.stack.query("SELECT gone_at, gone_reason FROM gatewayprocess WHERE queue = ?", (queue,))
+    last = sorted(written, key=written.__getitem__)[-5:]
+    share = {f"p{q}": next((round(t, 2) for t, k in curve if k >= len(written) * q / 100), None)
+             for q in (50, 90, 99, 100)}
+    out = {"redialed": spread(redialed), "healthy_elsewhere": share, "written": spread(list(written.values())),
+           "audited": spread(list(audited.values())),
+           "gone_s": round(epoch(gone[0][0]) - t_kill, 2) if gone and gone[0][0] is not None else None,
+           "gone_reason": gone[0][1] if gone else None,
+           "last": {ex: {"written": round(written[ex], 2), "trail": trail.get(ex, [])} for ex in last}}
+    log(f"  timeline after the kill (s): {out}")
+    return out
 
 
 def _gateway_moves(fleet: Fleet, *, skip: int) -> dict[str, float]:

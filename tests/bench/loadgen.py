@@ -64,6 +64,7 @@ class Fleet:
         self.unexpected: list[tuple[str, int | None]] = []
         self.redial: dict[str, Redial] = {}  # executors that reconnect (``connect`` with ``reconnect``)
         self.redialing: set[asyncio.Task[None]] = set()
+        self.redialed_at: list[float] = []  # when each reconnect's handshake completed (epoch seconds)
 
     def lost(self, client: FakeExecutor) -> None:
         if self.clients.get(client.executor_id) is client:
@@ -100,6 +101,7 @@ class Fleet:
                 return
             self.clients[executor_id] = client
             self.counters["redials"] += 1
+            self.redialed_at.append(time.time())
 
 
 class FakeExecutor(asyncio.Protocol):
@@ -338,6 +340,8 @@ async def main() -> None:
                 reply = await pinging
             elif cmd == "stats":
                 reply = stats(fleet)
+            elif cmd == "redialed_at":
+                reply = {"at": [t for t in fleet.redialed_at if t >= float(request.get("since", 0))]}
             elif cmd == "quit":
                 sys.stdout.write(json.dumps({"ok": True}) + "\n")
                 sys.stdout.flush()
