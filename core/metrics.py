@@ -98,9 +98,14 @@ SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From a socket event on a
                          "registry; DISCONNECTED, which the gateway writes at the close, taken in).",
                          buckets=_FAST, registry=REGISTRY)
 MOVES = Counter("relay_gateway_moves", "A HEALTHY executor's new socket, written to the registry by its gateway as "
-                "its connected landed, by outcome: written; lost (the row was written in between, or this gateway is "
-                "known gone: its workflow writes it); unread (the row not read in time: its workflow writes it).",
+                "its connected landed, by outcome: written; already (its workflow took the signal in first and wrote "
+                "it); lost (another write in between, or this gateway known gone: its workflow writes it); unread "
+                "(the row not read in time: its workflow writes it).",
                 ["outcome"], registry=REGISTRY)
+CONNECTED = Histogram("relay_gateway_connected_seconds", "From an executor's handshake done on this gateway to its "
+                      "connected landed in Temporal (stage landed) and, for a HEALTHY executor's new socket, to its "
+                      "move written to the registry by this gateway (stage moved).", ["stage"],
+                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60), registry=REGISTRY)
 TRANSITIONS = Counter("relay_executor_transitions", "Executor statuses written to the registry.",
                       ["org", "app", "status"], registry=REGISTRY)
 HANDSHAKE = Histogram("relay_handshake_seconds", "From an executor's upgrade request to its executor_info reply.",

@@ -27,7 +27,7 @@ from temporalio.worker import PollerBehaviorAutoscaling, Worker
 from core import gateways, metrics
 from core.logs import OncePerWindow
 from core.settings import Settings
-from core.store import RowSeen, Store
+from core.store import Move, RowSeen, Store
 from gateway import revocation
 from gateway.activities import HubActivities
 from gateway.admission import Admission
@@ -105,6 +105,11 @@ def _retrieved(read: asyncio.Future[Read]) -> None:
     """A read's failure is counted where it is wanted (``_read_before``), and not wanted otherwise."""
     if not read.cancelled():
         read.exception()
+
+
+def _since_handshake(stage: str, signal: ConnectedSignal) -> None:
+    if signal.at is not None:
+        metrics.CONNECTED.labels(stage).observe(max(0.0, (datetime.now(UTC) - signal.at).total_seconds()))
 
 
 class Gateway:
@@ -360,6 +365,7 @@ class Gateway:
                 read.cancel()
             else:
                 held.landed = True
+                _since_handshake("landed", signal)
                 seen = await _read_before(read, sending_from)
                 if isinstance(seen, Exception):
                     metrics.MOVES.labels("unread").inc()
@@ -381,13 +387,15 @@ class Gateway:
         if seen.connection_id == signal.connection_id:
             return
         try:
-            written = await self.store.call(
+            move = await self.store.call(
                 self.store.move_healthy, org=org, app=app, executor_id=signal.info.executor_id, seen=seen,
                 connection_id=signal.connection_id, gateway_queue=signal.gateway_queue, info=signal.info)
         except Exception as err:
             log.debug("move of %s left to its workflow: %s", signal.info.executor_id, err)
-            written = False
-        metrics.MOVES.labels("written" if written else "lost").inc()
+            move = Move.LOST
+        metrics.MOVES.labels(move.value).inc()
+        if move == Move.WRITTEN:
+            _since_handshake("moved", signal)
 
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""

@@ -25,7 +25,15 @@ from core.store.base import KEY_PREFIX, Principal, _SerialThread, hash_key, outa
 from core.store.claims import MANAGEMENT_CLAIM_TTL, Candidates, ClaimsStore
 from core.store.gate import _TICKETS, TICKETS_KEPT, GateStore
 from core.store.keys import AppAccess, KeysStore
-from core.store.registry import RECOVERY_STEPS, BlockedRecovery, GraceBegun, RegistryStore, RowSeen, StatusWritten
+from core.store.registry import (
+    RECOVERY_STEPS,
+    BlockedRecovery,
+    GraceBegun,
+    Move,
+    RegistryStore,
+    RowSeen,
+    StatusWritten,
+)
 from core.store.retention import RetentionStore
 
 
@@ -47,6 +55,7 @@ __all__ = [
     "Candidates",
     "Principal",
     "GraceBegun",
+    "Move",
     "RowSeen",
     "StatusWritten",
     "Store",

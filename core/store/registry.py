@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists, tuple_
@@ -47,6 +48,14 @@ class RowSeen:
     status: ExecutorStatus
     connection_id: str
     updated_at: datetime
+
+
+class Move(StrEnum):
+    """What ``move_healthy`` did: the label of ``relay_gateway_moves_total``."""
+
+    WRITTEN = "written"
+    ALREADY = "already"  # the row names this socket already: its workflow took the signal in first
+    LOST = "lost"  # another write in between, or this gateway known gone: the workflow writes it
 
 
 @dataclass(frozen=True)
@@ -109,6 +118,7 @@ _PK = (col(Executor.org) == bindparam("k_org"), col(Executor.app) == bindparam("
        col(Executor.executor_id) == bindparam("k_executor_id"))
 _LANDED_AT = sa_select(col(AuditLog.emit_time)).where(col(AuditLog.event_key) == bindparam("event_key"))
 _STATUS = sa_select(col(Executor.status)).where(*_PK)
+_CONNECTION = sa_select(col(Executor.connection_id)).where(*_PK)
 _DROP_WAITING_TICKET = sa_delete(RecoveryTicket).where(
     col(RecoveryTicket.org) == bindparam("k_org"), col(RecoveryTicket.app) == bindparam("k_app"),
     col(RecoveryTicket.executor_id) == bindparam("k_executor_id"), col(RecoveryTicket.granted_at).is_(None))
@@ -288,7 +298,7 @@ class RegistryStore(StoreBase):
         return out
 
     def move_healthy(self, *, org: str, app: str, executor_id: str, seen: RowSeen, connection_id: str,
-                     gateway_queue: str, info: ExecutorInfo) -> bool:
+                     gateway_queue: str, info: ExecutorInfo) -> Move:
         """The gateway's own write of a HEALTHY executor's new socket, once its ``connected`` landed in Temporal:
         the row names the new connection and gateway at once, not when the lifecycle workflow takes the signal in
         (behind a backlog, as when a killed gateway's executors all move at once, that can be most of a grace).
@@ -298,11 +308,15 @@ class RegistryStore(StoreBase):
         Temporal after this signal, and the workflow (or a gateway) writes it after this read. An event from before
         it that the workflow has yet to take in may still write an older row over this one; the workflow then
         writes this connection itself when it takes it in, as it always does, with its gone check
-        (``record_status``). No audit row: the workflow's write audits the move. False when nothing was written,
-        also when this gateway is known gone (read after the write, in its transaction, as ``record_status``
-        does: the sweep of a gateway marked gone after this commits finds the row on it)."""
-        if seen.status != ExecutorStatus.HEALTHY or seen.connection_id == connection_id:
-            return False
+        (``record_status``). No audit row: the workflow's write audits the move. ``Move.ALREADY`` when the row
+        names this socket already (its workflow was first: in a quiet moment it takes the signal in before the
+        gateway writes); ``Move.LOST`` when another write came in between, or when this gateway is known gone (read
+        after the write, in its transaction, as ``record_status`` does: the sweep of a gateway marked gone after
+        this commits finds the row on it)."""
+        if seen.connection_id == connection_id:
+            return Move.ALREADY
+        if seen.status != ExecutorStatus.HEALTHY:
+            return Move.LOST
         key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
         values = _row_values(ExecutorStatus.HEALTHY, utcnow(), info, connection_id, gateway_queue)
         with self.engine.connect() as c, c.begin() as transaction:
@@ -310,11 +324,11 @@ class RegistryStore(StoreBase):
                 "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": seen.connection_id,
                 "k_updated_at": seen.updated_at})
             if moved.rowcount != 1:
-                return False
+                return Move.ALREADY if c.execute(_CONNECTION, key).scalar() == connection_id else Move.LOST
             if c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar() is not None:
                 transaction.rollback()
-                return False
-        return True
+                return Move.LOST
+        return Move.WRITTEN
 
     def dead_since(self, *, org: str, app: str, executor_id: str) -> datetime | None:
         """When the executor was recorded DEAD (its row's last write), or None when it is not DEAD."""

@@ -207,6 +207,7 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
     assert len(queues) == 1, queues
     queue = queues[0][0]
     before = fleet.stats()
+    connected_before = _connected(fleet, skip=victim)
     phase = mon.begin("gateway kill", fleet.per)
     fleet.gateways[victim].kill()
     t_kill = time.time()
@@ -229,9 +230,11 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
     out = mon.end(phase, done_at=min(done, time.time()))
     generators = {k: v - before.get(k, 0) for k, v in fleet.stats().items()}
     out.update(healthy_again_s=round(done - t_kill, 2), generators=generators,
-               gateway_moves=_gateway_moves(fleet, skip=victim))
+               gateway_moves=_gateway_moves(fleet, skip=victim),
+               connected_s=_quantiles(_connected(fleet, skip=victim), connected_before))
     log(f"  all HEALTHY again {out['healthy_again_s']} s after the kill (grace {GRACE_S} s); generators {generators}; "
-        f"moves written by the gateways {out['gateway_moves']}")
+        f"moves written by the gateways {out['gateway_moves']}; handshake to connected landed and to move written "
+        f"(s, bucket bounds) {out['connected_s']}")
 
     # The dead gateway is found gone within about three heartbeat timeouts; the executors it still held in the
     # registry then are disconnected, and their grace runs out GRACE_S later unless their reconnect landed.
@@ -248,7 +251,7 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
                                                              "executor.recovery.dispatched"], since=t_kill))
     out.update(audit_since_kill=dict(ops), dead=ops["executor.dead"],
                recoveries=ops["executor.recovery.dispatched"], final=fleet.stack.status_counts(APP),
-               timeline=_timeline(fleet, prefix, queue, t_kill, curve))
+               timeline=_timeline(fleet, prefix, queue, t_kill, [(t, k - (n - fleet.per)) for t, k in curve]))
     log(f"  since the kill: {dict(ops)}")
     return out, aftermath
 
@@ -284,6 +287,33 @@ def _timeline(fleet: Fleet, prefix: str, queue: str, t_kill: float, curve: list[
            "gone_reason": gone[0][1] if gone else None,
            "last": {ex: {"written": round(written[ex], 2), "trail": trail.get(ex, [])} for ex in last}}
     log(f"  timeline after the kill (s): {out}")
+    return out
+
+
+def _connected(fleet: Fleet, *, skip: int) -> dict[str, dict[float, float]]:
+    """``relay_gateway_connected_seconds`` by stage, as cumulative counts per bucket bound, over the gateways but
+    ``skip``."""
+    total: dict[str, dict[float, float]] = {}
+    for i, port in enumerate(fleet.ports):
+        if i == skip:
+            continue
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
+                         headers={"authorization": f"Bearer {fleet.stack.key}"}).text
+        for labels, value in samples(text, "relay_gateway_connected_seconds_bucket"):
+            stage = total.setdefault(labels["stage"], {})
+            stage[float(labels["le"])] = stage.get(float(labels["le"]), 0.0) + value
+    return total
+
+
+def _quantiles(after: dict[str, dict[float, float]], before: dict[str, dict[float, float]]) -> dict[str, Any]:
+    """Per stage, the bucket bound under which 50, 90, 99 and 100 % of the observations between ``before`` and
+    ``after`` fall (seconds), and their count."""
+    out: dict[str, Any] = {}
+    for stage, buckets in after.items():
+        delta = {le: n - before.get(stage, {}).get(le, 0.0) for le, n in sorted(buckets.items())}
+        count = delta.get(float("inf"), 0.0)
+        out[stage] = {f"p{q}": next((le for le, n in delta.items() if n >= count * q / 100), None)
+                      for q in (50, 90, 99, 100)} | {"n": count}
     return out
 
 

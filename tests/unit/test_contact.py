@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import timedelta
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, cast
 
@@ -231,10 +232,12 @@ class LandingClient:
     """What ``Gateway.signal_connected`` asks of a Temporal client: its signal-with-start, failing ``fail`` times
     first (UNAVAILABLE), each landing recorded."""
 
-    def __init__(self, fail: int = 0, delay: float = 0.0) -> None:
+    def __init__(self, fail: int = 0, delay: float = 0.0,
+                 on_land: Callable[[ConnectedSignal], None] | None = None) -> None:
         self.fail = fail
         self.delay = delay  # seconds each call takes
         self.landed: list[str] = []
+        self.on_land = on_land  # what the lifecycle workflow does as the signal lands, before the call returns
 
     async def start_workflow(self, *args: Any, start_signal_args: list[ConnectedSignal], **kwargs: Any) -> None:
         await asyncio.sleep(self.delay)
@@ -242,6 +245,8 @@ class LandingClient:
             self.fail -= 1
             raise RPCError("unavailable", RPCStatusCode.UNAVAILABLE, b"")
         self.landed.append(start_signal_args[0].connection_id)
+        if self.on_land is not None:
+            self.on_land(start_signal_args[0])
 
 
 async def test_a_landed_connected_marks_its_socket_and_writes_a_healthy_executors_move(
@@ -303,6 +308,51 @@ async def test_a_connected_whose_row_could_not_be_read_lands_and_leaves_the_move
         assert (_moves("unread"), _moves("written")) == (unread + 1, written)
     finally:
         store.engine.dispose()
+
+
+async def test_a_move_its_workflow_wrote_first_counts_as_already_and_a_written_one_as_moved(
+        tmp_path: Path) -> None:
+    """The workflow took the signal in and wrote the new socket before the gateway's write (a quiet moment): the
+    move counts as ``already``, not ``lost``. The time from the handshake is observed as landed for both, and as
+    moved only for the move the gateway wrote."""
+    store = _moving(tmp_path)
+    store.record_status(org="o", app="a", executor_id="second", status=ExecutorStatus.HEALTHY,
+                        operation="executor.healthy", event_key="second/1", connection_id="c-old",
+                        gateway_queue="relay-gateway-elsewhere", details={},
+                        info=ExecutorInfo("second", application_version="v1"))
+
+    def workflow_first(signal: ConnectedSignal) -> None:
+        if signal.info.executor_id == "mover":
+            store.record_status(org="o", app="a", executor_id="mover", status=ExecutorStatus.HEALTHY,
+                                operation="executor.superseded", event_key="mover/2",
+                                connection_id=signal.connection_id, gateway_queue=signal.gateway_queue, details={},
+                                info=signal.info)
+
+    gateway = Gateway(settings=Settings(data_dir=tmp_path), store=store,
+                      client=cast(Client, LandingClient(on_land=workflow_first)))
+    moves = {outcome: _moves(outcome) for outcome in ("written", "already", "lost")}
+    stages = {stage: _connected(stage) for stage in ("landed", "moved")}
+    quick = _connected("moved", "_bucket", le="0.5")
+    try:
+        for executor_id in ("mover", "second"):
+            conn = _held(gateway, executor_id, f"c-{executor_id}", landed=False)
+            assert conn.signal is not None
+            conn.signal.at = datetime.now(UTC) - timedelta(seconds=1)
+            assert await gateway.signal_connected("o", "a", conn.signal)
+        for executor_id in ("mover", "second"):
+            row = store.registry_row("o", "a", executor_id)
+            assert row is not None and row.connection_id == f"c-{executor_id}"
+        assert {outcome: _moves(outcome) - before for outcome, before in moves.items()} == {
+            "written": 1, "already": 1, "lost": 0}
+        assert {stage: _connected(stage) - before for stage, before in stages.items()} == {"landed": 2, "moved": 1}
+        assert _connected("moved", "_bucket", le="0.5") == quick  # from a handshake a second ago
+    finally:
+        store.engine.dispose()
+
+
+def _connected(stage: str, suffix: str = "_count", **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(f"relay_gateway_connected_seconds{suffix}",
+                                             {"stage": stage, **labels}) or 0.0
 
 
 def _moving(tmp_path: Path) -> Store:

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 
 from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
-from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, RowSeen, StatusWritten, Store
+from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, Move, RowSeen, StatusWritten, Store
 from core.store.registry import _GATEWAY_GONE_AT
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
@@ -246,7 +246,8 @@ def _row(store: Store, executor_id: str) -> tuple[ExecutorStatus, str | None, st
 def test_a_gateways_move_writes_only_over_the_row_it_read_before_its_signal(store: Store) -> None:
     """``move_healthy``: a HEALTHY executor's new socket, written by the gateway once its ``connected`` landed, over
     the row exactly as ``row_seen`` read it before the signal: any write in between (the workflow's, a gateway's
-    DISCONNECTED, another move) wins, and so does a gateway known gone. No audit row: the workflow audits it."""
+    DISCONNECTED, another move) wins, and so does a gateway known gone; a write of this very socket in between (its
+    workflow was first) counts as ``already``. No audit row: the workflow audits it."""
     store.gateways.register("q2", "g2")
     store.gateways.register("q-gone", "gone")
     assert store.gateways.mark_gone("q-gone", "its watch found it gone")
@@ -256,38 +257,41 @@ def test_a_gateways_move_writes_only_over_the_row_it_read_before_its_signal(stor
     assert seen is not None and (seen.status, seen.connection_id) == (ExecutorStatus.HEALTHY, "conn-x1")
     audited = len(store.list_audit(ORG, app=APP))
 
-    def move(seen: RowSeen | None, connection_id: str, queue: str = "q2", version: str = "v2") -> bool:
+    def move(seen: RowSeen | None, connection_id: str, queue: str = "q2", version: str = "v2") -> Move:
         assert seen is not None
         return store.move_healthy(org=ORG, app=APP, executor_id="x1", seen=seen, connection_id=connection_id,
                                   gateway_queue=queue, info=ExecutorInfo("x1", application_version=version))
 
-    assert not move(seen, "conn-x1")  # its own connection: nothing to move
-    assert not move(seen, "c-gone", queue="q-gone")  # onto a gateway known gone: rolled back
+    assert move(seen, "conn-x1") == Move.ALREADY  # its own connection: nothing to move
+    assert move(seen, "c-gone", queue="q-gone") == Move.LOST  # onto a gateway known gone: rolled back
     assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "conn-x1", "relay-gateway-test")
-    assert move(seen, "c2")
+    assert move(seen, "c2") == Move.WRITTEN
     assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c2", "q2")
     assert [e.app_version for e in store.list_executors(ORG, APP) if e.executor_id == "x1"] == ["v2"]
     assert len(store.list_audit(ORG, app=APP)) == audited
-    assert not move(seen, "c3")  # the row it read was written over (by its own move here)
+    assert move(seen, "c3") == Move.LOST  # the row it read was written over (by its own move here)
+    assert move(seen, "c2") == Move.ALREADY  # the same socket's move, written already
     # The workflow writes between the read and the move: the workflow's row stays.
     seen = store.row_seen(ORG, APP, "x1")
     store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.HEALTHY,
                         operation="executor.superseded", event_key="x1/wf", connection_id="c4", gateway_queue="q2",
                         details={}, info=ExecutorInfo("x1", application_version="v2"))
-    assert not move(seen, "c5")
+    assert move(seen, "c5") == Move.LOST
+    assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c4", "q2")
+    assert move(seen, "c4") == Move.ALREADY  # the workflow took this very socket in first
     assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c4", "q2")
     # Written again as it was (the workflow taking in late the very socket the row names): still a write between.
     seen = store.row_seen(ORG, APP, "x1")
     store.record_status(org=ORG, app=APP, executor_id="x1", status=ExecutorStatus.HEALTHY,
                         operation="executor.superseded", event_key="x1/wf-again", connection_id="c4",
                         gateway_queue="q2", details={}, info=ExecutorInfo("x1", application_version="v2"))
-    assert not move(seen, "c5")
+    assert move(seen, "c5") == Move.LOST
     assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c4", "q2")
     # The gateway's own DISCONNECTED between them: the row stays DISCONNECTED, and a DISCONNECTED row is not moved.
     seen = store.row_seen(ORG, APP, "x1")
     assert store.record_disconnect(org=ORG, app=APP, executor_id="x1", connection_id="c4", event_key="x1/gone")
-    assert not move(seen, "c6")
-    assert not move(store.row_seen(ORG, APP, "x1"), "c6")
+    assert move(seen, "c6") == Move.LOST
+    assert move(store.row_seen(ORG, APP, "x1"), "c6") == Move.LOST
     assert _row(store, "x1") == (ExecutorStatus.DISCONNECTED, "c4", "q2")
 
 
@@ -301,7 +305,8 @@ def test_a_grace_begun_on_the_gateways_row_puts_back_disconnected_over_the_same_
         seen = store.row_seen(ORG, APP, executor_id)
         assert seen is not None
         assert store.move_healthy(org=ORG, app=APP, executor_id=executor_id, seen=seen, connection_id="c2",
-                                  gateway_queue="q2", info=ExecutorInfo(executor_id, application_version="v1"))
+                                  gateway_queue="q2", info=ExecutorInfo(executor_id, application_version="v1")
+                                  ) == Move.WRITTEN
         assert store.record_disconnect(org=ORG, app=APP, executor_id=executor_id, connection_id="c2",
                                        event_key=f"{executor_id}/gone")
 
