@@ -231,7 +231,7 @@ def _kill(fleet: Fleet, mon: Monitor, n: int) -> tuple[dict[str, Any], dict[str,
     generators = {k: v - before.get(k, 0) for k, v in fleet.stats().items()}
     out.update(healthy_again_s=round(done - t_kill, 2), generators=generators,
                gateway_moves=_gateway_moves(fleet, skip=victim),
-               connected_s=_quantiles(_connected(fleet, skip=victim), connected_before))
+               connected_s=quantiles(_connected(fleet, skip=victim), connected_before))
     log(f"  all HEALTHY again {out['healthy_again_s']} s after the kill (grace {GRACE_S} s); generators {generators}; "
         f"moves written by the gateways {out['gateway_moves']}; handshake to connected landed and to move written "
         f"(s, bucket bounds) {out['connected_s']}")
@@ -299,13 +299,20 @@ def _connected(fleet: Fleet, *, skip: int) -> dict[str, dict[float, float]]:
             continue
         text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
                          headers={"authorization": f"Bearer {fleet.stack.key}"}).text
-        for labels, value in samples(text, "relay_gateway_connected_seconds_bucket"):
-            stage = total.setdefault(labels["stage"], {})
-            stage[float(labels["le"])] = stage.get(float(labels["le"]), 0.0) + value
+        buckets(text, "relay_gateway_connected_seconds", "stage", into=total)
     return total
 
 
-def _quantiles(after: dict[str, dict[float, float]], before: dict[str, dict[float, float]]) -> dict[str, Any]:
+def buckets(text: str, histogram: str, label: str, *, into: dict[str, dict[float, float]]
+            ) -> dict[str, dict[float, float]]:
+    """Add ``histogram``'s cumulative bucket counts in ``text`` to ``into``, by ``label``'s value and bucket bound."""
+    for labels, value in samples(text, f"{histogram}_bucket"):
+        by_bound = into.setdefault(labels[label], {})
+        by_bound[float(labels["le"])] = by_bound.get(float(labels["le"]), 0.0) + value
+    return into
+
+
+def quantiles(after: dict[str, dict[float, float]], before: dict[str, dict[float, float]]) -> dict[str, Any]:
     """Per stage, the bucket bound under which 50, 90, 99 and 100 % of the observations between ``before`` and
     ``after`` fall (seconds), and their count."""
     out: dict[str, Any] = {}
