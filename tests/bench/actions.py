@@ -106,29 +106,36 @@ def count(events: list[dict[str, Any]], *, after_connect: str) -> list[Phase]:
 def count_live(address: str, windows: dict[str, tuple[float, float]]) -> dict[str, Any]:
     """The actions of every run on the Temporal at ``address`` (its default namespace), counted by the rules above
     and bucketed by event time into each window ``[start, end]`` (epoch seconds): ``{window: {what: n}}``, with
-    ``runs`` counted and ``seconds_to_count``."""
+    ``runs`` counted, ``seconds_to_count``, and the workflow tasks that timed out in each window
+    (``workflow_tasks_timed_out``: ``{window: n}``)."""
+    from temporalio.api.enums.v1 import EventType
     from temporalio.client import Client
 
-    async def collect() -> tuple[int, list[tuple[float, str]]]:
+    async def collect() -> tuple[int, list[tuple[float, str]], list[float]]:
         client = await Client.connect(address)
         runs = [(w.id, w.run_id) async for w in client.list_workflows()]
         gate = asyncio.Semaphore(16)
 
-        async def one(workflow_id: str, run_id: str | None) -> list[tuple[float, str]]:
+        async def one(workflow_id: str, run_id: str | None) -> tuple[list[tuple[float, str]], list[float]]:
             async with gate:
                 history = await client.get_workflow_handle(workflow_id, run_id=run_id).fetch_history()
             events = history.to_json_dict()["events"]
+            timed_out = [e.event_time.ToMicroseconds() / 1e6 for e in history.events
+                         if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT]
             return [(history.events[i].event_time.ToMicroseconds() / 1e6, what)
-                    for i, what in actions_of(events)]
+                    for i, what in actions_of(events)], timed_out
 
         found = await asyncio.gather(*(one(w, r) for w, r in runs))
-        return len(runs), [a for run in found for a in run]
+        return len(runs), [a for run, _ in found for a in run], [t for _, run in found for t in run]
 
     began = time.monotonic()
-    runs, every = asyncio.run(collect())
-    out: dict[str, Any] = {"runs": runs, "seconds_to_count": round(time.monotonic() - began, 1)}
+    runs, every, timed_out = asyncio.run(collect())
+    out: dict[str, Any] = {"runs": runs, "seconds_to_count": round(time.monotonic() - began, 1),
+                           "workflow_tasks_timed_out": {}}
     for name, (start, end) in windows.items():
         out[name] = dict(Counter(what for at, what in every if start <= at <= end).most_common())
+        # Not actions: a task left on a worker's sticky queue past its schedule-to-start timeout, handed to any.
+        out["workflow_tasks_timed_out"][name] = sum(start <= at <= end for at in timed_out)
     return out
 
 

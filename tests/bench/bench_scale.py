@@ -420,6 +420,7 @@ def _report(results: Results, n: int, phases: dict[str, Any], counted: dict[str,
         p["temporal_actions_total"] = total
         p["temporal_actions_per_s"] = round(total / p["seconds"], 1)
         p["temporal_actions_per_executor"] = round(total / max(1, p["affected"]), 2)
+        p["workflow_tasks_timed_out"] = counted["workflow_tasks_timed_out"][name]
     results.details["scale"] = {"executors": n, "phases": phases, "hwm": hwm, "minutes": round(minutes, 1),
                                 "history_runs": counted["runs"]}
     c, k, a, z = phases["connect"], phases["gateway kill"], phases["after the kill"], phases["close 10 %"]
@@ -456,5 +457,6 @@ def _report(results: Results, n: int, phases: dict[str, Any], counted: dict[str,
                               f"{p['wal_kib_per_executor']} KiB WAL, {p['transactions_per_executor']} transactions")
         results.absolute("scale", f"{name}: Temporal actions/s (histories)", p["temporal_actions_per_s"], "/s",
                          note=f"{p['temporal_actions_per_executor']} per executor affected; server action "
-                              f"metric {p['server_actions']:.0f} in all")
+                              f"metric {p['server_actions']:.0f} in all; workflow tasks timed out "
+                              f"{p['workflow_tasks_timed_out']}")
     log(f"scale took {minutes:.1f} minutes")
