@@ -38,7 +38,7 @@ from activities.reconcile import ReconcileActivities
 from activities.registry import RegistryActivities
 from activities.retention import RetentionActivities
 from core.models import open_engine
-from core.settings import Settings
+from core.settings import DEFAULT_WORKER_STICKY_TIMEOUT, Settings
 from core.store import Store
 from core.temporal import connect, temporal_connection
 from workflows.alerts import AlertsWorkflow, OwnAlertWorkflow
@@ -65,9 +65,6 @@ MAX_CACHED_WORKFLOWS = 20_000
 # redone from its history, and 249 of 999 recovered in 350 s at 1.0 core per worker. Bounded, the excess waits on the
 # server, where the other worker can take it.
 MAX_CONCURRENT_TASKS = 100
-# A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this long
-# they go back to the shared queue, so timers of a restarted Relay fire about on time (the default is 10 s).
-STICKY_SCHEDULE_TO_START = timedelta(seconds=1)
 
 
 class _Contextless(WorkflowInstance):
@@ -154,7 +151,11 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         # each. Scaled on the server's feedback (Temporal's advice for production), 1,000 at once register at
         # ~70/s on the bench's machine.
         workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
-        sticky_queue_schedule_to_start_timeout=STICKY_SCHEDULE_TO_START,
+        # A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this
+        # long (RELAY_WORKER_STICKY_TIMEOUT_SECS) they go back to the shared queue, so timers of a restarted Relay
+        # fire about on time (the SDK's default is 10 s).
+        sticky_queue_schedule_to_start_timeout=(settings.worker_sticky_timeout if settings
+                                                else DEFAULT_WORKER_STICKY_TIMEOUT),
         # On SIGTERM polling stops, and the activities in flight get this long to finish before they are cancelled
         # (the longest, an alert webhook's POST, gives up after 10 s); within the 30 s stop grace in deploy/.
         graceful_shutdown_timeout=timedelta(seconds=15),

@@ -454,6 +454,30 @@ async def test_the_reading_thread_reads_the_next_batch_while_the_event_loop_is_b
     assert first_at - began < 0.3 and second_at - began < 0.45  # both read inside the 0.6 s the loop was busy
 
 
+async def test_a_reading_thread_that_died_does_not_stop_the_reads_after_it(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reading thread ended by something no ``except Exception`` takes: that batch's waits time out, and the
+    next read asked for starts the thread again rather than waiting on one that is gone."""
+    store = _moving(tmp_path)
+    rows_seen, calls = store.rows_seen, []
+
+    class Died(BaseException):
+        pass
+
+    def dying_once(executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
+        calls.append(executors)
+        if len(calls) == 1:
+            raise Died()
+        return rows_seen(executors)
+
+    monkeypatch.setattr(store, "rows_seen", dying_once)
+    reads = RowReads(store)
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(reads.seen(("o", "a", "mover")), 0.3)
+    row, _ = await asyncio.wait_for(reads.seen(("o", "a", "mover")), 5)
+    assert row is not None and row.connection_id == "c-old" and len(calls) == 2
+
+
 @pytest.mark.parametrize("heartbeat", [0.5, 2, 10, 60])
 def test_the_default_fence_closes_sockets_before_the_gateway_can_be_declared_gone(tmp_path: Path,
                                                                                   heartbeat: float) -> None:
