@@ -20,6 +20,7 @@ from core.gate import GatePolicy
 # RELAY_WORKER_STICKY_TIMEOUT_SECS unset (``Settings.worker_sticky_timeout``), and a worker built without settings.
 DEFAULT_WORKER_STICKY_TIMEOUT = timedelta(seconds=1)
 
+
 @dataclass(frozen=True)
 class DatabasePool:
     """Relay's connection pool on PostgreSQL (``Settings``' ``RELAY_DATABASE_*``; SQLite ignores it), as

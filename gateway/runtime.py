@@ -384,8 +384,6 @@ class Gateway:
 
     async def _move_healthy(self, org: str, app: str, signal: ConnectedSignal, seen: RowSeen) -> None:
         """Best effort: whatever this does not write, the workflow writes when it takes the signal in."""
-        if seen.connection_id == signal.connection_id:
-            return
         try:
             move = await self.store.call(
                 self.store.move_healthy, org=org, app=app, executor_id=signal.info.executor_id, seen=seen,

@@ -54,13 +54,12 @@ class RowReads:
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         """On the reading thread: batch after batch, until none waits. Should it end any other way, the next read
         asked for starts the thread again (the batch it held is left to its waits' timeouts)."""
-        finished = False
         try:
             while True:
                 with self._lock:
                     batch, self._waiting = self._waiting, {}
                     if not batch:
-                        self._reading, finished = False, True
+                        self._reading = False
                         return
                 try:
                     rows: dict[tuple[str, str, str], RowSeen] | Exception = self._store.rows_seen(list(batch))
@@ -69,10 +68,10 @@ class RowReads:
                 read_at = time.monotonic()
                 with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
                     loop.call_soon_threadsafe(_hand_over, batch, rows, read_at)
-        finally:
-            if not finished:
-                with self._lock:
-                    self._reading = False
+        except BaseException:
+            with self._lock:
+                self._reading = False
+            raise
 
 
 def _hand_over(batch: dict[tuple[str, str, str], list[asyncio.Future[Read]]],

@@ -118,7 +118,7 @@ _PK = (col(Executor.org) == bindparam("k_org"), col(Executor.app) == bindparam("
        col(Executor.executor_id) == bindparam("k_executor_id"))
 _LANDED_AT = sa_select(col(AuditLog.emit_time)).where(col(AuditLog.event_key) == bindparam("event_key"))
 _STATUS = sa_select(col(Executor.status)).where(*_PK)
-_CONNECTION = sa_select(col(Executor.connection_id)).where(*_PK)
+_HEALTHY_CONNECTION = sa_select(col(Executor.connection_id)).where(*_PK, col(Executor.status) == bindparam("k_healthy"))
 _DROP_WAITING_TICKET = sa_delete(RecoveryTicket).where(
     col(RecoveryTicket.org) == bindparam("k_org"), col(RecoveryTicket.app) == bindparam("k_app"),
     col(RecoveryTicket.executor_id) == bindparam("k_executor_id"), col(RecoveryTicket.granted_at).is_(None))
@@ -324,7 +324,8 @@ class RegistryStore(StoreBase):
                 "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": seen.connection_id,
                 "k_updated_at": seen.updated_at})
             if moved.rowcount != 1:
-                return Move.ALREADY if c.execute(_CONNECTION, key).scalar() == connection_id else Move.LOST
+                now = c.execute(_HEALTHY_CONNECTION, key | {"k_healthy": ExecutorStatus.HEALTHY}).scalar()
+                return Move.ALREADY if now == connection_id else Move.LOST
             if c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar() is not None:
                 transaction.rollback()
                 return Move.LOST

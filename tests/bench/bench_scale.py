@@ -260,8 +260,8 @@ def _timeline(fleet: Fleet, prefix: str, queue: str, t_kill: float, curve: list[
               ) -> dict[str, Any]:
     """Seconds after the kill, as percentiles over the killed gateway's executors: their reconnects' handshakes
     done (the generators), their registry rows HEALTHY elsewhere (as the bench looked: by a gateway's move or by the
-    workflow), their rows' last write and the workflows' audit of the move (the workflow writes the row again when it
-    takes the move in); when the dead gateway was recorded gone; and the trail of the last rows."""
+    workflow), the workflows' audit of the move (the workflow writes the row again then, so the rows' last writes
+    are the same times); when the dead gateway was recorded gone; and the trail of the rows written last."""
     def spread(values: list[float]) -> dict[str, float]:
         return {f"p{q}": round(percentile(values, q), 2) for q in (50, 90, 99, 100)} | {"n": len(values)}
 
@@ -281,8 +281,7 @@ def _timeline(fleet: Fleet, prefix: str, queue: str, t_kill: float, curve: list[
     last = sorted(written, key=written.__getitem__)[-5:]
     share = {f"p{q}": next((round(t, 2) for t, k in curve if k >= len(written) * q / 100), None)
              for q in (50, 90, 99, 100)}
-    out = {"redialed": spread(redialed), "healthy_elsewhere": share, "written": spread(list(written.values())),
-           "audited": spread(list(audited.values())),
+    out = {"redialed": spread(redialed), "healthy_elsewhere": share, "audited": spread(list(audited.values())),
            "gone_s": round(epoch(gone[0][0]) - t_kill, 2) if gone and gone[0][0] is not None else None,
            "gone_reason": gone[0][1] if gone else None,
            "last": {ex: {"written": round(written[ex], 2), "trail": trail.get(ex, [])} for ex in last}}
@@ -294,13 +293,16 @@ def _connected(fleet: Fleet, *, skip: int) -> dict[str, dict[float, float]]:
     """``relay_gateway_connected_seconds`` by stage, as cumulative counts per bucket bound, over the gateways but
     ``skip``."""
     total: dict[str, dict[float, float]] = {}
-    for i, port in enumerate(fleet.ports):
-        if i == skip:
-            continue
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
-                         headers={"authorization": f"Bearer {fleet.stack.key}"}).text
+    for text in _metrics(fleet, skip=skip):
         buckets(text, "relay_gateway_connected_seconds", "stage", into=total)
     return total
+
+
+def _metrics(fleet: Fleet, *, skip: int) -> list[str]:
+    """Each gateway's /metrics text, but ``skip``'s."""
+    return [httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
+                      headers={"authorization": f"Bearer {fleet.stack.key}"}).text
+            for i, port in enumerate(fleet.ports) if i != skip]
 
 
 def buckets(text: str, histogram: str, label: str, *, into: dict[str, dict[float, float]]
@@ -316,8 +318,8 @@ def quantiles(after: dict[str, dict[float, float]], before: dict[str, dict[float
     """Per stage, the bucket bound under which 50, 90, 99 and 100 % of the observations between ``before`` and
     ``after`` fall (seconds), and their count."""
     out: dict[str, Any] = {}
-    for stage, buckets in after.items():
-        delta = {le: n - before.get(stage, {}).get(le, 0.0) for le, n in sorted(buckets.items())}
+    for stage, by_bound in after.items():
+        delta = {le: n - before.get(stage, {}).get(le, 0.0) for le, n in sorted(by_bound.items())}
         count = delta.get(float("inf"), 0.0)
         out[stage] = {f"p{q}": next((le for le, n in delta.items() if n >= count * q / 100), None)
                       for q in (50, 90, 99, 100)} | {"n": count}
@@ -327,11 +329,7 @@ def quantiles(after: dict[str, dict[float, float]], before: dict[str, dict[float
 def _gateway_moves(fleet: Fleet, *, skip: int) -> dict[str, float]:
     """``relay_gateway_moves_total`` by outcome, over the gateways but ``skip`` (each one's /metrics)."""
     total: dict[str, float] = {}
-    for i, port in enumerate(fleet.ports):
-        if i == skip:
-            continue
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=30,
-                         headers={"authorization": f"Bearer {fleet.stack.key}"}).text
+    for text in _metrics(fleet, skip=skip):
         for labels, value in samples(text, "relay_gateway_moves"):
             total[labels.get("outcome", "")] = total.get(labels.get("outcome", ""), 0.0) + value
     return total

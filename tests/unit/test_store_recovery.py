@@ -255,6 +255,7 @@ def test_a_gateways_move_writes_only_over_the_row_it_read_before_its_signal(stor
     assert store.row_seen(ORG, APP, "nobody") is None
     seen = store.row_seen(ORG, APP, "x1")
     assert seen is not None and (seen.status, seen.connection_id) == (ExecutorStatus.HEALTHY, "conn-x1")
+    first = seen
     audited = len(store.list_audit(ORG, app=APP))
 
     def move(seen: RowSeen | None, connection_id: str, queue: str = "q2", version: str = "v2") -> Move:
@@ -292,6 +293,7 @@ def test_a_gateways_move_writes_only_over_the_row_it_read_before_its_signal(stor
     assert store.record_disconnect(org=ORG, app=APP, executor_id="x1", connection_id="c4", event_key="x1/gone")
     assert move(seen, "c6") == Move.LOST
     assert move(store.row_seen(ORG, APP, "x1"), "c6") == Move.LOST
+    assert move(first, "c4") == Move.LOST  # the row names c4, but DISCONNECTED: not "already"
     assert _row(store, "x1") == (ExecutorStatus.DISCONNECTED, "c4", "q2")
 
 
