@@ -470,7 +470,9 @@ def test_temporal_frozen_recovers_only_those_that_left(cluster: Cluster, peers: 
         peers.append(RawPeer(gateway.relay.ws_url, app, key, "bounces"))  # back, within the freeze
         peers.append(RawPeer(gateway.relay.ws_url, app, key, "arrives-fenced"))  # refused until contact is back
         _hold_until(deadline)
-    thawed = time.time()
+        # Read before `frozen` sends SIGCONT: the server can answer the gateway before this process, one of
+        # several on two cores, reads the clock again (once 0.01 s later than the gateway had heard it).
+        thawed = time.time()
 
     if ready is None or ready[0] != 503 or "problem+json" not in ready[1]:
         findings.append(f"/readyz while fenced: {ready}, expected 503 application/problem+json")
@@ -674,7 +676,9 @@ def test_real_sdk_executors_through_a_temporal_freeze(cluster: Cluster) -> None:
             group.processes["c"].kill()
             in_flight = max(s for n, s in group.step_lines() if n == "c")
             _hold_until(deadline)
-        thawed = time.time()
+            # Read before `frozen` sends SIGCONT: the server can answer the gateway before this process, one of
+            # several on two cores, reads the clock again (once 0.01 s later than the gateway had heard it).
+            thawed = time.time()
 
         _settle(findings, Observed(cluster.tmp, app, cluster.temporal_address,
                                    stayed={group.ids["a"], group.ids["b"]}, left={group.ids["c"]},
