@@ -152,8 +152,8 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         # ~70/s on the bench's machine.
         workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
         # A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this
-        # long (RELAY_WORKER_STICKY_TIMEOUT_SECS) they go back to the shared queue, so timers of a restarted Relay
-        # fire about on time (the SDK's default is 10 s).
+        # long (RELAY_WORKER_STICKY_TIMEOUT_SECS, 10 s as in the SDK) they go back to the shared queue for any
+        # worker. Under a burst that outruns the workers, every task that waits longer goes that way too.
         sticky_queue_schedule_to_start_timeout=(settings.worker_sticky_timeout if settings
                                                 else DEFAULT_WORKER_STICKY_TIMEOUT),
         # On SIGTERM polling stops, and the activities in flight get this long to finish before they are cancelled

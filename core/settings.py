@@ -17,8 +17,12 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from core import units
 from core.gate import GatePolicy
 
-# RELAY_WORKER_STICKY_TIMEOUT_SECS unset (``Settings.worker_sticky_timeout``), and a worker built without settings.
-DEFAULT_WORKER_STICKY_TIMEOUT = timedelta(seconds=1)
+# RELAY_WORKER_STICKY_TIMEOUT_SECS unset (``Settings.worker_sticky_timeout``), and a worker built without settings:
+# the SDK's own default. 1 s made a SIGKILLed worker's timers later by at most 1 s instead of 10 s, but under a burst
+# (a gateway's executors moving at once, deaths at once) nearly every task timed out on its sticky queue and loaded
+# the server with a second dispatch and a whole-history fetch: README, "Capacity". A SIGTERMed worker tells the
+# server its sticky queue is gone, so a deploy costs no lateness at either value.
+DEFAULT_WORKER_STICKY_TIMEOUT = timedelta(seconds=10)
 
 
 @dataclass(frozen=True)

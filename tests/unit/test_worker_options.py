@@ -13,11 +13,12 @@ from temporalio.converter import DataConverter
 
 import worker
 from core.models import make_engine
-from core.settings import DEFAULT_WORKER_STICKY_TIMEOUT, Settings
+from core.settings import Settings
 from core.store import Store
 
 
-@pytest.mark.parametrize(("env", "expected"), [(None, DEFAULT_WORKER_STICKY_TIMEOUT), ("10", timedelta(seconds=10))])
+@pytest.mark.parametrize(("env", "expected"), [(None, timedelta(seconds=10)), ("1", timedelta(seconds=1)),
+                                               ("2.5", timedelta(seconds=2.5))])
 def test_the_sticky_queue_timeout_is_relay_worker_sticky_timeout_secs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str | None, expected: timedelta) -> None:
     if env is not None:
