@@ -151,9 +151,8 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         # each. Scaled on the server's feedback (Temporal's advice for production), 1,000 at once register at
         # ~70/s on the bench's machine.
         workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
-        # A worker killed with SIGKILL leaves its cached workflows' tasks on its private sticky queue; after this
-        # long (RELAY_WORKER_STICKY_TIMEOUT_SECS, 10 s as in the SDK) they go back to the shared queue for any
-        # worker. Under a burst that outruns the workers, every task that waits longer goes that way too.
+        # RELAY_WORKER_STICKY_TIMEOUT_SECS: a SIGKILLed worker's cached workflows wait this long at most on its
+        # private queue (core.settings.DEFAULT_WORKER_STICKY_TIMEOUT).
         sticky_queue_schedule_to_start_timeout=(settings.worker_sticky_timeout if settings
                                                 else DEFAULT_WORKER_STICKY_TIMEOUT),
         # On SIGTERM polling stops, and the activities in flight get this long to finish before they are cancelled

@@ -94,10 +94,8 @@ class Settings(BaseSettings):
     # Rows per delete batch sent in ``retention``; the SDKs' own defaults differ (10,000 in 2.x, 50,000 in 3.x).
     retention_gc_batch_size: int = Field(default=10_000, ge=1)
     handshake_timeout_secs: float = Field(default=10, gt=0)
-    # How long a workflow task may wait on a worker's own (sticky) queue before any worker may take it: after a
-    # worker is SIGKILLed, how late the timers and signals of the workflows it held can be. Under a burst that
-    # outruns the workers each task waiting longer times out once and goes back to the shared queue with its whole
-    # history (README, "Capacity": the scale bench with 1 s and 10 s).
+    # How long a workflow task may wait on a worker's own (sticky) queue before any worker may take it
+    # (``DEFAULT_WORKER_STICKY_TIMEOUT`` says what it trades).
     worker_sticky_timeout_secs: float = Field(default=units.timedelta_to_seconds(DEFAULT_WORKER_STICKY_TIMEOUT), gt=0)
     # A gateway process silent this long is declared gone; the executors it held are disconnected then.
     gateway_heartbeat_timeout_secs: float = Field(default=10, gt=0)

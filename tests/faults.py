@@ -253,13 +253,24 @@ def thaw(pid: int, *, group: bool = False) -> None:
         (os.killpg if group else os.kill)(pid, signal.SIGCONT)
 
 
+@dataclass
+class Freeze:
+    """``thawed_at``: the epoch second read just before SIGCONT, the earliest anyone may hear the process again (read
+    after it, the clock of a test process that is one of several on two cores can trail a peer that already heard
+    it: CI saw 0.01 s)."""
+
+    thawed_at: float = 0.0
+
+
 @contextlib.contextmanager
-def frozen(pid: int, *, group: bool = False) -> Iterator[None]:
+def frozen(pid: int, *, group: bool = False) -> Iterator[Freeze]:
     """Frozen for the block; thawed however it ends (a test failing mid-freeze must not leave it stopped)."""
     freeze(pid, group=group)
+    state = Freeze()
     try:
-        yield
+        yield state
     finally:
+        state.thawed_at = time.time()
         thaw(pid, group=group)
 
 

@@ -457,7 +457,7 @@ def test_temporal_frozen_recovers_only_those_that_left(cluster: Cluster, peers: 
     by_id = {p.executor_id: p for p in peers}
     findings: list[str] = []
 
-    with frozen(cluster.temporal.pid, group=True):
+    with frozen(cluster.temporal.pid, group=True) as paused:
         deadline = time.monotonic() + FREEZE_SECS
         by_id["leaves-early"].stop()  # before the fence: a normal close the gateway cannot report yet
         by_id["bounces"].stop()
@@ -470,9 +470,6 @@ def test_temporal_frozen_recovers_only_those_that_left(cluster: Cluster, peers: 
         peers.append(RawPeer(gateway.relay.ws_url, app, key, "bounces"))  # back, within the freeze
         peers.append(RawPeer(gateway.relay.ws_url, app, key, "arrives-fenced"))  # refused until contact is back
         _hold_until(deadline)
-        # Read before `frozen` sends SIGCONT: the server can answer the gateway before this process, one of
-        # several on two cores, reads the clock again (once 0.01 s later than the gateway had heard it).
-        thawed = time.time()
 
     if ready is None or ready[0] != 503 or "problem+json" not in ready[1]:
         findings.append(f"/readyz while fenced: {ready}, expected 503 application/problem+json")
@@ -483,7 +480,7 @@ def test_temporal_frozen_recovers_only_those_that_left(cluster: Cluster, peers: 
                                stayed={"stays-1", "stays-2", "bounces", "arrives", "arrives-fenced"}, left=left,
                                peers=peers,
                                live_gateway_queues={gateway.queue},
-                               earliest_dead=dict.fromkeys(left, thawed + GRACE_SECS)))
+                               earliest_dead=dict.fromkeys(left, paused.thawed_at + GRACE_SECS)))
     if _readyz(gateway) != (200, "application/json"):
         findings.append(f"/readyz after the freeze: {_readyz(gateway)}")
     assert not findings, "\n\n".join(findings)
@@ -670,20 +667,17 @@ def test_real_sdk_executors_through_a_temporal_freeze(cluster: Cluster) -> None:
         go.touch()
         wait_until(lambda: {n for n, _ in group.step_lines()} >= {"a", "c"}, timeout=30, what="both workflows run")
 
-        with frozen(cluster.temporal.pid, group=True):
+        with frozen(cluster.temporal.pid, group=True) as paused:
             deadline = time.monotonic() + FREEZE_SECS
             time.sleep(3)  # C keeps running steps, its socket fenced, then dies
             group.processes["c"].kill()
             in_flight = max(s for n, s in group.step_lines() if n == "c")
             _hold_until(deadline)
-            # Read before `frozen` sends SIGCONT: the server can answer the gateway before this process, one of
-            # several on two cores, reads the clock again (once 0.01 s later than the gateway had heard it).
-            thawed = time.time()
 
         _settle(findings, Observed(cluster.tmp, app, cluster.temporal_address,
                                    stayed={group.ids["a"], group.ids["b"]}, left={group.ids["c"]},
                                    live_gateway_queues={gateway.queue},
-                                   earliest_dead={group.ids["c"]: thawed + GRACE_SECS}))
+                                   earliest_dead={group.ids["c"]: paused.thawed_at + GRACE_SECS}))
         for workflow_id in ("wf-stays", "wf-killed"):
             try:
                 wait_until(lambda w=workflow_id: workflow_status(group.sys_db, w) == "SUCCESS", timeout=40,

@@ -47,6 +47,10 @@ pytestmark = pytest.mark.e2e
 HEARTBEAT_TIMEOUT_SECS = 2  # a SIGKILLed gateway's executors are disconnected this long after its last heartbeat
 # What a restart may add to a timer that fires at its original time: the registry and audit writes around it.
 ON_TIME_SLACK = 2.0
+# What a worker's SIGKILL may add on top to a timer or signal of a workflow it had cached: the task goes to that
+# worker's own (sticky) queue and waits out its schedule-to-start timeout there before any worker may take it. A
+# SIGTERMed worker tells Temporal its queue is gone as it stops (the SDK's ShutdownWorker call): nothing added.
+CRASH_SLACK = DEFAULT_WORKER_STICKY_TIMEOUT.total_seconds()
 # When the gateway that held the executor was killed and restarted (same data dir, so the same gateway identity),
 # its previous incarnation is known gone: the fence does not probe it, so neither DEAD nor the recovery request
 # waits for a probe's timeout (the heartbeat timeout). DEAD comes this close to its original deadline, and the
@@ -218,13 +222,6 @@ def cluster(tmp_path: Path, store: PostgresCluster | None) -> Iterator[Cluster]:
         c.stop()
 
 
-def _after_a_crash() -> float:
-    """What a worker's SIGKILL may add to a timer or signal of a workflow it had cached: the task goes to that
-    worker's own (sticky) queue and waits out its schedule-to-start timeout there before any worker may take it.
-    A SIGTERMed worker tells Temporal its queue is gone as it stops (the SDK's ShutdownWorker call)."""
-    return DEFAULT_WORKER_STICKY_TIMEOUT.total_seconds()
-
-
 def _ops(rows: list[AuditRow]) -> list[str]:
     return [r.operation for r in rows]
 
@@ -381,7 +378,7 @@ def test_worker_stopped_mid_grace(cluster: Cluster, tmp_path: Path, stop: str) -
         cluster.wait_status(early, "returner", "HEALTHY", timeout=15)
         _assert_not_recovered(cluster.audit(early, "returner"))
         # Timing last, so a late timer does not hide the checks above.
-        bound = ON_TIME_SLACK + (_after_a_crash() if stop == "SIGKILL" else 0.0)
+        bound = ON_TIME_SLACK + (CRASH_SLACK if stop == "SIGKILL" else 0.0)
         assert after_restart <= bound, f"DEAD {after_restart:.2f}s after the worker came back ({stop})"
         assert -0.5 <= off_time <= ON_TIME_SLACK, f"grace timer fired {off_time:+.2f}s off its original time"
     finally:
@@ -419,7 +416,7 @@ def test_the_gateway_records_a_close_while_no_worker_runs(cluster: Cluster, tmp_
         assert [r["executor_ids"] for r in peer.requests_of("recovery")] == [["dead"]]
         late = _one(rows, "executor.dead").emit_time - (closed.emit_time + grace)
         print(f"\nDEAD {late:+.2f}s from the close plus the grace (the worker away {away} s of it)")
-        assert -0.5 <= late <= ON_TIME_SLACK + _after_a_crash(), f"DEAD {late:+.2f}s off the close plus the grace"
+        assert -0.5 <= late <= ON_TIME_SLACK + CRASH_SLACK, f"DEAD {late:+.2f}s off the close plus the grace"
     finally:
         peer.stop()
         dead.stop()
