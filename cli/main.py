@@ -8,6 +8,7 @@ import difflib
 import logging
 import os
 import re
+import traceback
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -96,10 +97,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.command in ("dev", "gateway", "worker"):
         _check_schema(settings)
         from cli import serve  # the server stack: only the commands that run it pay for importing it
+        from core.temporal import exit_now
 
         entry = {"dev": serve.dev, "gateway": serve.gateway, "worker": serve.run_worker}[args.command]
-        asyncio.run(entry(settings))
-        return
+        try:
+            asyncio.run(entry(settings))
+        except Exception:
+            traceback.print_exc()
+            exit_now(1)
+        exit_now(0)  # past the SDK's Rust threads, which can abort the interpreter's finalization
     try:
         if args.command == "keys" and args.keys_command == "create" and not api_key(args, settings):
             admin_cli.keys_create_local(args, settings)  # no key to call the API with: the local database

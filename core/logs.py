@@ -299,3 +299,13 @@ def install_temporal_sdk_logging(*, metrics: PrometheusConfig | None = None) -> 
             handler.addFilter(throttle)
         atexit.register(throttle.report)
     return throttle
+
+
+def report_suppressed() -> None:
+    """Log the summary of what the process's SDK log throttle holds back, now: for an exit that skips the atexit
+    hooks (``core.temporal.exit_now``)."""
+    for handler in logging.getLogger().handlers:
+        for f in handler.filters:
+            if isinstance(f, SdkLogThrottle):
+                f.report()
+                return

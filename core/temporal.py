@@ -38,7 +38,7 @@ from temporalio.envconfig import ClientConfigProfile, ClientConfigTLS, DataSourc
 from temporalio.runtime import PrometheusConfig
 from temporalio.service import RPCError, RPCStatusCode, TLSConfig
 
-from core.logs import install_temporal_sdk_logging
+from core.logs import install_temporal_sdk_logging, report_suppressed
 from core.settings import Settings
 from core.types import SEARCH_ATTRIBUTES
 
@@ -372,7 +372,9 @@ def exit_now(code: int) -> NoReturn:
     """End a short-lived process that made a Temporal client, skipping the interpreter's finalization: the SDK's
     Rust threads may still be dropping a client (or a failed connection) then, and abort the process with "Fatal
     Python error: PyGILState_Release" under whatever it printed (temporalio/sdk-python#300; here a third of the
-    exits after a refused TLS handshake, and some after `relay temporal setup` succeeded)."""
+    exits after a refused TLS handshake, some after `relay temporal setup` succeeded, and a `relay worker` after a
+    clean SIGTERM stop). The SDK warnings the throttle held back are reported first: atexit hooks do not run."""
+    report_suppressed()
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()

@@ -8,7 +8,9 @@ import logging
 from dataclasses import dataclass
 from datetime import timedelta
 
-from core.logs import CORE_LOGGER, SdkLogThrottle
+import pytest
+
+from core.logs import CORE_LOGGER, SUMMARY_LOGGER, SdkLogThrottle, report_suppressed
 
 
 class _Clock:
@@ -79,3 +81,23 @@ def test_throttle_decides_once_per_record_whatever_the_number_of_handlers() -> N
     again = _record("temporalio.activity", "Failed completing activity task")
     assert not throttle.filter(again) and not throttle.filter(again)
     assert (throttle.take_summary() or "").startswith("1 Temporal SDK warnings suppressed")
+
+
+def test_an_exit_past_atexit_still_reports_what_was_suppressed(caplog: pytest.LogCaptureFixture) -> None:
+    """``core.temporal.exit_now`` skips the atexit hook that reports the throttle's count: it reports it itself,
+    through ``report_suppressed``, from the filter on the root logger's handlers."""
+    throttle, _ = _throttle()
+    handler = logging.NullHandler()
+    handler.addFilter(throttle)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        for _ in range(4):
+            throttle.filter(_record("temporalio.activity", "Failed completing activity task"))
+        with caplog.at_level(logging.WARNING, logger=SUMMARY_LOGGER):
+            report_suppressed()
+    finally:
+        root.removeHandler(handler)
+    assert [r.getMessage()[:42] for r in caplog.records if r.name == SUMMARY_LOGGER] == [
+        "3 Temporal SDK warnings suppressed in the "]
+    assert throttle.take_summary() is None
