@@ -87,7 +87,8 @@ class RegistryActivities:
                                      executor_id=input.executor_id, event_key=input.event_key, details=input.details)
         if begun is None:
             return None
-        if begun.written or activity.info().attempt == 1:  # by this call, or by the gateway: reported here once
+        # Reported once: by the try that wrote the row, or, if the gateway did, by the first try to find it.
+        if begun.written or begun.by_gateway:
             _report_status(dataclasses.replace(input, durations={"executorTimeoutSecs": begun.grace}))
         return GraceStart(at=begun.at, grace=begun.grace)
 

@@ -61,11 +61,12 @@ class Move(StrEnum):
 @dataclass(frozen=True)
 class GraceBegun:
     """What ``Store.begin_grace`` found or wrote: when the DISCONNECTED row says the executor went away, the grace
-    it audited, and whether this call wrote it."""
+    it audited, and who wrote it: this call, the gateway (``record_disconnect``), or neither (an earlier try)."""
 
     at: datetime
     grace: timedelta
     written: bool
+    by_gateway: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,9 @@ _GATEWAY_GONE_AT = sa_select(col(GatewayProcess.gone_at)).where(
 DISCONNECTED_OPERATION = "executor.disconnected"
 # The grace a DISCONNECTED row's audit details carry, in the REST unit its name states.
 GRACE_DETAIL = "executorTimeoutSecs"
+# Who wrote a DISCONNECTED row, in its audit details, when the gateway did: the lifecycle workflow that finds it
+# reports the transition (the log line, ``relay_executor_transitions_total``), as it does one it wrote itself.
+RECORDED_BY, GATEWAY_WRITER = "recordedBy", "gateway"
 
 
 def _audit_row(*, org: str, app: str, executor_id: str, operation: str, event_key: str, now: datetime,
@@ -245,7 +249,8 @@ class RegistryStore(StoreBase):
                         "k_org": org, "k_app": app, "k_executor_id": executor_id,
                         "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": said["connection_id"],
                         "status": ExecutorStatus.DISCONNECTED, "updated_at": landed.emit_time})
-                return None if grace is None else GraceBegun(at=landed.emit_time, grace=grace, written=False)
+                return None if grace is None else GraceBegun(at=landed.emit_time, grace=grace, written=False,
+                                                             by_gateway=said.get(RECORDED_BY) == GATEWAY_WRITER)
             grace = c.execute(_APP_GRACE, {"org": org, "app": app}).scalar()
             if grace is None:
                 return None
@@ -277,7 +282,7 @@ class RegistryStore(StoreBase):
                 return False
             c.execute(_INSERT_AUDIT, _audit_row(org=org, app=app, executor_id=executor_id,
                                                 operation=DISCONNECTED_OPERATION, event_key=event_key, now=now,
-                                                details={"connection_id": connection_id,
+                                                details={"connection_id": connection_id, RECORDED_BY: GATEWAY_WRITER,
                                                          **rest_durations({GRACE_DETAIL: grace})}))
             return True
 

@@ -4,6 +4,7 @@ slow request claims its executor in a table of its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import pytest
 from sqlmodel import Session, select
+from temporalio.testing import ActivityEnvironment
 
+from activities.registry import RegistryActivities
+from core import metrics
 from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
 from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, Move, RowSeen, StatusWritten, Store
@@ -20,6 +24,7 @@ from core.store.registry import _GATEWAY_GONE_AT
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
+from workflows.contracts.lifecycle import RecordStatusInput
 
 ORG, APP = "local", "spread-app"
 
@@ -324,7 +329,7 @@ def test_a_grace_begun_on_the_gateways_row_puts_back_disconnected_over_the_same_
     assert _row(store, "x1") == (ExecutorStatus.HEALTHY, "c2", "q2")
     [gateway_row] = _disconnected_rows(store, "x1")
     begun = store.begin_grace(org=ORG, app=APP, executor_id="x1", event_key="x1/gone", details={})
-    assert begun == GraceBegun(at=gateway_row.emit_time, grace=timedelta(seconds=7), written=False)
+    assert begun == GraceBegun(at=gateway_row.emit_time, grace=timedelta(seconds=7), written=False, by_gateway=True)
     assert _row(store, "x1") == (ExecutorStatus.DISCONNECTED, "c2", "q2")
     [row] = [e for e in store.list_executors(ORG, APP) if e.executor_id == "x1"]
     assert row.updated_at == gateway_row.emit_time
@@ -377,7 +382,7 @@ def test_a_gateways_disconnect_moves_only_the_workflows_healthy_row_for_that_soc
     assert before <= row.updated_at <= utcnow()
     [audit] = _disconnected_rows(store, "x1")
     assert (audit.event_key, audit.details, audit.emit_time) == (
-        "k1", {"connection_id": "conn-x1", "executorTimeoutSecs": 7}, row.updated_at)
+        "k1", {"connection_id": "conn-x1", "recordedBy": "gateway", "executorTimeoutSecs": 7}, row.updated_at)
     assert not gateway("x1", "conn-x1", "k2")  # not HEALTHY any more: a second close changes nothing
     # Its gateway's watch, finding the gateway gone, still disconnects it: the gateway's own signal may be lost.
     assert ("local", APP, "x1", "conn-x1") in store.executors_on_gateway("relay-gateway-test")
@@ -401,12 +406,12 @@ def test_the_workflows_grace_begins_with_the_gateways_row_or_its_own(store: Stor
                                  details={"connection_id": f"conn-{executor_id}"})
 
     found = begin("x1", "k1")
-    assert found == GraceBegun(at=gateway_row.emit_time, grace=timedelta(seconds=7), written=False)
+    assert found == GraceBegun(at=gateway_row.emit_time, grace=timedelta(seconds=7), written=False, by_gateway=True)
     assert len(_disconnected_rows(store, "x1")) == 1
     _executor(store, "x2", "v1", ExecutorStatus.HEALTHY)
     before = utcnow()
     own = begin("x2", "k2")
-    assert isinstance(own, GraceBegun) and own.written and own.grace == timedelta(seconds=9)
+    assert isinstance(own, GraceBegun) and own.written and not own.by_gateway and own.grace == timedelta(seconds=9)
     assert before <= own.at <= utcnow()
     assert begin("x2", "k2") == GraceBegun(at=own.at, grace=timedelta(seconds=9), written=False)  # a retry
     [row] = _disconnected_rows(store, "x2")
@@ -414,3 +419,35 @@ def test_the_workflows_grace_begins_with_the_gateways_row_or_its_own(store: Stor
     assert [e.status for e in store.list_executors(ORG, APP) if e.executor_id == "x2"] == [ExecutorStatus.DISCONNECTED]
     store.delete_app(ORG, APP, subject="test", source_ip="", orphans=[], details={})
     assert begin("x3", "k3") is None
+
+
+async def test_a_grace_is_reported_once_by_the_try_that_wrote_it_or_the_first_to_find_the_gateways(
+        store: Store) -> None:
+    """``begin_grace``'s activity counts the DISCONNECTED transition (and logs it) once: when it wrote the row, or
+    when it finds the gateway's, on whatever try (a first try that failed while the gateway wrote, as SQLite's
+    "database is locked" did: the transition went unreported); not when it finds a row an earlier try wrote."""
+    store.update_app(ORG, APP, {"executor_timeout": timedelta(seconds=7)}, subject="test")
+    for executor_id in ("x1", "x2"):
+        _executor(store, executor_id, "v1", ExecutorStatus.HEALTHY)
+    assert store.record_disconnect(org=ORG, app=APP, executor_id="x1", connection_id="conn-x1", event_key="k1")
+    activities = RegistryActivities(store)
+
+    def reported() -> float:
+        labels = {"org": ORG, "app": APP, "status": ExecutorStatus.DISCONNECTED}
+        return metrics.REGISTRY.get_sample_value("relay_executor_transitions_total", labels) or 0.0
+
+    async def begin(executor_id: str, key: str, attempt: int) -> None:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        begun = await env.run(activities.begin_grace, RecordStatusInput(
+            ORG, APP, executor_id, ExecutorStatus.DISCONNECTED, "executor.disconnected", event_key=key,
+            details={"connection_id": f"conn-{executor_id}"}))
+        assert begun is not None and begun.grace == timedelta(seconds=7)
+
+    before = reported()
+    await begin("x1", "k1", attempt=2)  # the gateway's row, found by a retry
+    assert reported() == before + 1
+    await begin("x2", "k2", attempt=2)  # its own row, on a retry
+    assert reported() == before + 2
+    await begin("x2", "k2", attempt=3)  # found again: the try before reported it
+    assert reported() == before + 2
