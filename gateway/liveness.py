@@ -20,9 +20,24 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
+from websockets.streams import StreamReader
+
+try:
+    from websockets.speedups import apply_mask  # as websockets unmasks: its C speedup where it is built
+except ImportError:  # pragma: no cover
+    from websockets.utils import apply_mask
 
 TICK = timedelta(milliseconds=250)  # how late a ping or a silence check may come, at most
 _TICK = TICK.total_seconds()  # on the event loop's clock, which counts seconds
+
+# A heartbeat is one small ping frame from the executor: answered here, past websockets' frame parser, when the
+# parser waits at a frame boundary (inside its reader's ``at_eof``, nothing buffered). Anything else (a ping that
+# came in pieces or with other frames, a ping mid-message, after a close) goes through the parser as before.
+_AT_FRAME_BOUNDARY = StreamReader.at_eof.__code__
+_PING = 0x89  # FIN and opcode 9, no extension bits (no extension applies to control frames)
+_MASKED = 0x80
+_PONG_HEADS = [bytes((0x8A, n)) for n in range(126)]  # a server's pong frame is not masked
 
 
 class Keepalive:
@@ -84,7 +99,22 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_frame_at = self.loop.time()  # the deadline moves; the ticker finds out when it looks next
+        size = len(data) - 6  # a ping's payload: the data less the two header bytes and the mask
+        if 0 <= size < 126 and data[0] == _PING and data[1] == _MASKED | size and self._at_frame_boundary():
+            assert self.transport is not None
+            self.transport.write(_PONG_HEADS[size] + apply_mask(data[6:], data[2:6]))
+            return
         super().data_received(data)
+
+    def _at_frame_boundary(self) -> bool:
+        """Whether websockets' parser of this open socket waits for a frame's first byte."""
+        conn = self.conn
+        if conn.state is not State.OPEN or conn.reader.buffer:
+            return False
+        parser: Any = conn.parser  # a generator: the innermost one it delegates to says where it waits
+        while parser.gi_yieldfrom is not None:
+            parser = parser.gi_yieldfrom
+        return parser.gi_code is _AT_FRAME_BOUNDARY
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.keepalive.forget(self)
