@@ -65,6 +65,12 @@ MAX_CACHED_WORKFLOWS = 20_000
 # redone from its history, and 249 of 999 recovered in 350 s at 1.0 core per worker. Bounded, the excess waits on the
 # server, where the other worker can take it.
 MAX_CONCURRENT_TASKS = 100
+# Every workflow-task poll holds one of those slots while it waits. Scaled on the server's feedback up to the SDK's
+# default maximum (100, per queue), the shared queue's polls held 99 of the 100 after a connect storm, leaving the
+# sticky queue, where every task of a cached workflow comes, one poll at a time: a burst of 100 deaths started its
+# workflow tasks ~100 a second (P4 burst DEAD p99 1.2-2.2 s with `python -m tests.bench.profile bursts`; capped
+# at 20, 0.67-0.72 s). At most 20 per queue leaves at least 60 slots to the tasks themselves.
+WORKFLOW_TASK_POLLERS = PollerBehaviorAutoscaling(maximum=MAX_CONCURRENT_TASKS // 5)
 
 
 class _Contextless(WorkflowInstance):
@@ -149,8 +155,8 @@ def build_worker(client: Client, store: Store, *, task_queue: str = SHARED_TASK_
         # The SDK's default, at most 5 workflow-task polls at once, capped a connect storm at ~47 registrations/s
         # with the machine half idle: every new executor's first task comes through the shared queue, one poll
         # each. Scaled on the server's feedback (Temporal's advice for production), 1,000 at once register at
-        # ~70/s on the bench's machine.
-        workflow_task_poller_behavior=PollerBehaviorAutoscaling(),
+        # ~70/s on the bench's machine; capped so that polls leave the tasks their slots.
+        workflow_task_poller_behavior=WORKFLOW_TASK_POLLERS,
         # RELAY_WORKER_STICKY_TIMEOUT_SECS: a SIGKILLed worker's cached workflows wait this long at most on its
         # private queue (core.settings.DEFAULT_WORKER_STICKY_TIMEOUT).
         sticky_queue_schedule_to_start_timeout=(settings.worker_sticky_timeout if settings

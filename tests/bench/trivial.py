@@ -4,7 +4,7 @@ Relay uses, for a trivial workflow that a worker (a separate process, like Relay
     python -m tests.bench.trivial worker ADDRESS [autoscaled]   run the worker until SIGTERM
     python -m tests.bench.trivial storm ADDRESS N [autoscaled]  N concurrent calls; prints one JSON line of timings
 
-``autoscaled``: a worker that polls for workflow tasks as Relay's does (``PollerBehaviorAutoscaling``), on a task
+``autoscaled``: a worker that polls for workflow tasks as Relay's does (``worker.WORKFLOW_TASK_POLLERS``), on a task
 queue of its own; without it, the SDK's default (at most 5 polls at once).
 """
 
@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.client import Client
-from temporalio.worker import PollerBehavior, PollerBehaviorAutoscaling, PollerBehaviorSimpleMaximum, Worker
+from temporalio.worker import PollerBehavior, PollerBehaviorSimpleMaximum, Worker
 
 TASK_QUEUE = "bench-trivial"
 
@@ -51,7 +51,9 @@ async def worker(address: str, autoscaled: bool) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-    polls: PollerBehavior = PollerBehaviorAutoscaling() if autoscaled else PollerBehaviorSimpleMaximum(5)
+    from worker import WORKFLOW_TASK_POLLERS  # here, not at the top: the sandbox re-imports this module
+
+    polls: PollerBehavior = WORKFLOW_TASK_POLLERS if autoscaled else PollerBehaviorSimpleMaximum(5)
     async with Worker(client, task_queue=_queue(autoscaled), workflows=[Trivial], workflow_task_poller_behavior=polls):
         print("ready", flush=True)
         await stop.wait()
