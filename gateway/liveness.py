@@ -33,8 +33,9 @@ _TICK = TICK.total_seconds()  # on the event loop's clock, which counts seconds
 
 # A heartbeat is one small ping frame from the executor: answered here, past websockets' frame parser, when the
 # parser waits at a frame boundary (inside its reader's ``at_eof``, nothing buffered). Anything else (a ping that
-# came in pieces or with other frames, a ping mid-message, after a close) goes through the parser as before.
-_AT_FRAME_BOUNDARY = StreamReader.at_eof.__code__
+# came in pieces or with other frames, a ping mid-message, after a close) goes through the parser as before, as
+# does every ping on a websockets release without these internals (tests/unit/test_uvicorn_compat.py checks them).
+_AT_FRAME_BOUNDARY = getattr(getattr(StreamReader, "at_eof", None), "__code__", None)
 _PING = 0x89  # FIN and opcode 9, no extension bits (no extension applies to control frames)
 _MASKED = 0x80
 _PONG_HEADS = [bytes((0x8A, n)) for n in range(126)]  # a server's pong frame is not masked
@@ -109,12 +110,12 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
     def _at_frame_boundary(self) -> bool:
         """Whether websockets' parser of this open socket waits for a frame's first byte."""
         conn = self.conn
-        if conn.state is not State.OPEN or conn.reader.buffer:
+        if _AT_FRAME_BOUNDARY is None or conn.state is not State.OPEN or getattr(conn.reader, "buffer", True):
             return False
-        parser: Any = conn.parser  # a generator: the innermost one it delegates to says where it waits
-        while parser.gi_yieldfrom is not None:
+        parser: Any = getattr(conn, "parser", None)  # a generator: the innermost one it delegates to says where
+        while getattr(parser, "gi_yieldfrom", None) is not None:  # it waits
             parser = parser.gi_yieldfrom
-        return parser.gi_code is _AT_FRAME_BOUNDARY
+        return getattr(parser, "gi_code", None) is _AT_FRAME_BOUNDARY
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.keepalive.forget(self)

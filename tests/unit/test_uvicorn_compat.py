@@ -37,7 +37,7 @@ from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 from websockets.utils import apply_mask
 
-from gateway import http_limits, ws
+from gateway import http_limits, liveness, ws
 from gateway.liveness import LivenessProtocol
 from tests.transports import ServerTransport
 
@@ -364,3 +364,14 @@ def test_a_ping_not_alone_at_a_frame_boundary_goes_through_the_parser(loop: asyn
     protocol.data_received(b"".join(client.data_to_send()))
     protocol.data_received(ping)
     assert protocol.parsed[-1] == ping, "a closing socket's ping goes to the parser (which ignores it)"
+
+
+def test_without_websockets_internals_every_ping_goes_through_the_parser(loop: asyncio.AbstractEventLoop,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A websockets release without ``StreamReader.at_eof``: the fast path is off, the pong still goes out."""
+    monkeypatch.setattr(liveness, "_AT_FRAME_BOUNDARY", None)
+    protocol, transport, client = _heartbeats(loop)
+    client.send_ping(b"hb")
+    [ping] = client.data_to_send()
+    protocol.data_received(ping)
+    assert protocol.parsed == [ping] and _frames(client, transport.written) == [(Opcode.PONG, b"hb")]
