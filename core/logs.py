@@ -291,8 +291,7 @@ def install_temporal_sdk_logging(*, metrics: PrometheusConfig | None = None) -> 
                                    forwarding=forwarding)
     Runtime.set_default(Runtime(telemetry=TelemetryConfig(logging=logging_config, metrics=metrics)),
                         error_if_already_set=False)
-    throttle = next((f for h in logging.getLogger().handlers for f in h.filters if isinstance(f, SdkLogThrottle)),
-                    None)
+    throttle = _installed_throttle()
     if throttle is None:
         throttle = SdkLogThrottle()
         for handler in logging.getLogger().handlers:
@@ -304,8 +303,11 @@ def install_temporal_sdk_logging(*, metrics: PrometheusConfig | None = None) -> 
 def report_suppressed() -> None:
     """Log the summary of what the process's SDK log throttle holds back, now: for an exit that skips the atexit
     hooks (``core.temporal.exit_now``)."""
-    for handler in logging.getLogger().handlers:
-        for f in handler.filters:
-            if isinstance(f, SdkLogThrottle):
-                f.report()
-                return
+    throttle = _installed_throttle()
+    if throttle is not None:
+        throttle.report()
+
+
+def _installed_throttle() -> SdkLogThrottle | None:
+    """The throttle on the root logger's handlers (``install_temporal_sdk_logging``), if any."""
+    return next((f for h in logging.getLogger().handlers for f in h.filters if isinstance(f, SdkLogThrottle)), None)

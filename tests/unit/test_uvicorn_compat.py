@@ -283,7 +283,6 @@ def test_the_upgrade_reaches_the_h11_hook(loop: asyncio.AbstractEventLoop) -> No
     protocol.connection_lost(None)
 
 
-
 # -- heartbeats answered past websockets' parser (gateway.liveness) ------------------------------------------------
 
 
