@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 # every pytest process imports some 430 modules, and would compile them all again, seconds per process.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-sdk check lint openapi bench clean system-deps lock
+.PHONY: run test test-sdk client-check check lint openapi bench clean system-deps lock
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -67,12 +67,32 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
+# The current Python SDK's executor of the end-to-end tests (dbos 3.4.0, pinned in its requirements.txt) and Relay's
+# own client for it (clients/python, installed from the checkout as a user would: not editable, so its sources are
+# prerequisites), in a venv of their own: the suite's venv keeps dbos 3.2.0, whose conductor client is built in.
+PY_EXECUTOR := tests/executors/python
+PY_CURRENT := $(PY_EXECUTOR)/.venv/bin/python
+PY_STAMP := $(PY_EXECUTOR)/.venv/.installed
+CLIENT := clients/python
+
+$(PY_STAMP): $(PY_EXECUTOR)/requirements.txt $(CLIENT)/pyproject.toml $(wildcard $(CLIENT)/relay_dbos/*) | $(STAMP)
+	$(VENV)/bin/uv venv --quiet --allow-existing --python $(PY) $(PY_EXECUTOR)/.venv
+	$(VENV)/bin/uv pip install --python $(PY_CURRENT) --quiet --reinstall-package relay-dbos \
+	  -r $(PY_EXECUTOR)/requirements.txt './$(CLIENT)[test]'
+	touch $(PY_STAMP)
+
+# The client's own checks, in its venv (the suite's has another dbos): its types and its unit tests.
+client-check: $(PY_STAMP)
+	cd $(CLIENT) && ../../$(PY_EXECUTOR)/.venv/bin/mypy --strict relay_dbos tests
+	$(PY_CURRENT) -m pytest -q -p no:cacheprovider $(CLIENT)/tests
+
 # ruff, then tests/tiers.py: mypy beside the tiers without real processes (over every core, as in `make check`), in a
 # low-weight CPU cgroup; then the e2e tests one at a time (their timings are real) and, beside them in that group,
 # those marked `concurrent` (they assert no timing) two at a time, a module per worker. RELAY_TEST_TIERS=apart: the
 # concurrent tier first; RELAY_TEST_TIERS=sequential: everything one after the other, no cgroup. Every test, once.
-test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
+test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR) $(PY_STAMP)
 	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory client-check
 	$(PY) -m tests.tiers
 
 # One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python` (tests/e2e/test_sdks.py for that

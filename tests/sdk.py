@@ -95,7 +95,7 @@ class SystemDatabase:
 
 @dataclass(frozen=True)
 class Sdk:
-    """One DBOS SDK's executor app: ``name`` is also its ``language`` in ``executor_info``."""
+    """One DBOS SDK's executor app, named as `make test-sdk SDK=<name>` names it."""
 
     name: str
     version: str  # its dbos_version, as the executor reports it
@@ -103,6 +103,11 @@ class Sdk:
     pong_timeout: timedelta  # how long its client waits for the pong to its own ping before dropping the socket
     command: Callable[[], list[str]]
     cwd: Path | None = None
+    language: str = ""  # the ``language`` it reports in executor_info: its name unless said
+
+    def __post_init__(self) -> None:
+        if not self.language:
+            object.__setattr__(self, "language", self.name)
 
     def system_database(self, tmp: Path, cluster: PostgresCluster | None) -> SystemDatabase:
         """A new, empty system database for one app."""
@@ -128,6 +133,12 @@ def _installed(path: Path, make: str) -> None:
 
 def _python() -> list[str]:
     return [str(VENV_BIN / "python"), str(TESTS / "executor_app.py")]
+
+
+def _python_current() -> list[str]:
+    python = EXECUTORS / "python" / ".venv" / "bin" / "python"
+    _installed(EXECUTORS / "python" / ".venv" / ".installed", "python-current")
+    return [str(python), str(EXECUTORS / "python" / "executor.py")]
 
 
 def _typescript() -> list[str]:
@@ -157,6 +168,9 @@ def _java() -> list[str]:
 SDKS = {
     "python": Sdk("python", "3.2.0", postgres_only=False, pong_timeout=timedelta(seconds=15),
                   command=_python),
+    # The current release, through Relay's own client (clients/python): its keepalive is the client's.
+    "python-current": Sdk("python-current", "3.4.0", postgres_only=False, pong_timeout=timedelta(seconds=15),
+                          command=_python_current, language="python"),
     "typescript": Sdk("typescript", "5.2.11", postgres_only=True, pong_timeout=timedelta(seconds=15),
                       command=_typescript, cwd=EXECUTORS / "typescript"),
     "go": Sdk("go", "v1.5.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go),

@@ -128,7 +128,7 @@ def test_executors_are_listed_healthy_with_their_fields(sdk: Sdk, fast: Relay, t
         for executor_id, role in ((a_id, "a"), (b_id, "b")):
             entry = listed[executor_id]
             assert entry["status"] == "HEALTHY"
-            assert entry["language"] == sdk.name
+            assert entry["language"] == sdk.language
             assert entry["dbosVersion"] == sdk.version
             assert entry["appVersion"] == "v1"
             assert entry["hostname"] == socket.gethostname()
