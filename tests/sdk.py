@@ -173,7 +173,7 @@ SDKS = {
                           command=_python_current, language="python"),
     "typescript": Sdk("typescript", "5.2.11", postgres_only=True, pong_timeout=timedelta(seconds=15),
                       command=_typescript, cwd=EXECUTORS / "typescript"),
-    "go": Sdk("go", "v1.5.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go),
+    "go": Sdk("go", "v1.6.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go),
     "java": Sdk("java", "1.1.0-m6", postgres_only=True, pong_timeout=timedelta(seconds=15),
                 command=_java),
 }

@@ -2,7 +2,7 @@ module relay.test/executors/go
 
 go 1.25.0
 
-require github.com/dbos-inc/dbos-transact-golang v1.5.0
+require github.com/dbos-inc/dbos-transact-golang v1.6.0
 
 require (
 	github.com/dustin/go-humanize v1.0.1 // indirect
