@@ -40,9 +40,11 @@ R = TypeVar("R", bound=c.SdkReply)
 log = logging.getLogger("relay.gateway")
 
 PREFIX = "/v2/orgs/{orgName}/apps/{appName}"  # every management route's: one app of one org
-READ_ERRORS = responses(401, 403, 404, 409, 422, 502, 503)
+# 501: the executors' SDK release cannot do it (Relay's client for dbos 3.3/3.4, for what DBOS moved out of its MIT
+# package): ``gateway.management`` raises it when every executor asked says so.
+READ_ERRORS = responses(401, 403, 404, 409, 422, 501, 502, 503)
 WRITE_ERRORS = READ_ERRORS
-BULK_ERRORS = responses(401, 403, 404, 409, 422, 429, 502, 503)
+BULK_ERRORS = responses(401, 403, 404, 409, 422, 429, 501, 502, 503)
 MAX_QUOTE = 300  # an executor's error message, quoted in a problem (without its traceback: ``wire.error_summary``)
 MAX_LOGGED = 10_000  # the whole error message, traceback included, in the gateway's log
 

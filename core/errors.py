@@ -15,6 +15,8 @@ mapping lives here and nowhere else::
     ├── ExecutorTimeoutError        502          the executor did not answer in time
     │   └── ExecutorsFailedError    502          every executor tried for an operator's request failed
     ├── ExecutorRefusedError        409          the executor refused the request (metadata-only mode, ...)
+    │   └── ExecutorUnsupportedError 501         its SDK release cannot do it (an operation dbos 3.4 moved out of
+    │                                            its MIT package, answered so by Relay's client)
     ├── TemporalUnavailableError    503          Temporal did not take a signal, after retries
     ├── ServiceUnavailableError     503 / 1013   a dependency (database, Temporal) is away for now: retry later
     ├── RateLimitedError            429 / 1008   too many connections or handshakes for one key
@@ -127,6 +129,15 @@ class ExecutorRefusedError(RelayError):
     def __init__(self, detail: str, *, executor_id: str) -> None:
         super().__init__(detail)
         self.executor_id = executor_id
+
+
+class ExecutorUnsupportedError(ExecutorRefusedError):
+    """Every executor asked answered that its SDK release cannot do this at all (``unsupported: true`` in the reply,
+    as Relay's own client for dbos 3.3/3.4 answers the operations DBOS moved out of its MIT package): not the
+    executor's failure, so not a 502."""
+
+    status = 501
+    title = "Not Implemented"
 
 
 class TemporalUnavailableError(RelayError):

@@ -17,8 +17,8 @@ that must not run twice (a fork, an import, a schedule trigger or backfill) once
 Nothing here interprets replies beyond a refusal: the REST routes map them.
 
 Each request counts in ``relay_management_requests_total{operation,status}`` (status: ``ok``, ``executor_error``
-when the executor answered with an error message, ``no_executor``, ``failed``, ``refused``, ``cancelled``,
-``error``) and ``relay_management_request_seconds{operation}``.
+when the executor answered with an error message, ``no_executor``, ``failed``, ``refused``, ``unsupported``,
+``cancelled``, ``error``) and ``relay_management_request_seconds{operation}``.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from core.errors import (
     ExecutorsFailedError,
     ExecutorTimeoutError,
     ExecutorUnavailableError,
+    ExecutorUnsupportedError,
     NoExecutorError,
     ProtocolError,
 )
@@ -93,6 +94,11 @@ class Answer:
         value = self.body.get("error_message")
         return value if isinstance(value, str) and value else None
 
+    @property
+    def unsupported(self) -> bool:
+        """The executor's SDK release cannot do this at all (Relay's client for dbos 3.3/3.4 says so)."""
+        return self.body.get("unsupported") is True
+
 
 class _Failed(Exception):
     def __init__(self, failure: Failure, detail: str) -> None:
@@ -136,6 +142,7 @@ class Management:
             NoExecutorError: no HEALTHY executor (of ``version``, or of the latest one, for ``Pick.LATEST``).
             ExecutorsFailedError: every executor tried failed or timed out (``tried`` names them).
             ExecutorRefusedError: the executor refused (metadata-only mode).
+            ExecutorUnsupportedError: every executor asked answered that its SDK release cannot do it.
         """
         started, status = time.monotonic(), "error"
         try:
@@ -148,6 +155,9 @@ class Management:
             raise
         except ExecutorsFailedError:
             status = "failed"
+            raise
+        except ExecutorUnsupportedError:
+            status = "unsupported"
             raise
         except ExecutorRefusedError:
             status = "refused"
@@ -172,6 +182,7 @@ class Management:
             raise await self._none_to_ask(org, app, version)
         tried: list[str] = []
         reasons: list[str] = []
+        unsupported: list[Answer] = []
         for row in ordered[:MAX_TRIES]:
             tried.append(row.executor_id)
             request_id = str(uuid.uuid4())
@@ -190,7 +201,16 @@ class Management:
             if answer.error is not None and METADATA_ONLY in answer.error:
                 raise ExecutorRefusedError(f"executor {row.executor_id} refused {kind}: "
                                            f"{wire.error_summary(answer.error)}", executor_id=row.executor_id)
+            if answer.unsupported:  # not carried out, whatever the kind: another SDK release may do it
+                unsupported.append(answer)
+                reasons.append(f"{row.executor_id}: {wire.error_summary(answer.error or 'unsupported')}")
+                continue
             return answer
+        if unsupported and len(unsupported) == len(tried):
+            first = unsupported[0]
+            raise ExecutorUnsupportedError(
+                f"{kind} is not supported by the executors of app {app!r} asked ({', '.join(tried)}): "
+                f"{wire.error_summary(first.error or 'unsupported')}", executor_id=first.executor_id)
         raise ExecutorsFailedError(f"no executor of app {app!r} answered {kind}: " + "; ".join(reasons)[:1000],
                                    tried=tried)
 

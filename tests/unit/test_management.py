@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from core.errors import ExecutorRefusedError, ExecutorsFailedError, NoExecutorError
+from core.errors import ExecutorRefusedError, ExecutorsFailedError, ExecutorUnsupportedError, NoExecutorError
 from core.models import Executor
 from core.settings import Settings
 from core.store import Candidates
@@ -196,6 +196,35 @@ async def test_a_refusal_in_metadata_only_mode_is_a_409_not_a_retry_elsewhere() 
     with pytest.raises(ExecutorRefusedError) as raised:
         await _management(FakeStore([_row("a"), _row("b")], busy={"b"}), hub).ask(ORG, APP, "export_workflow", {})
     assert raised.value.status == 409 and raised.value.executor_id == "a" and b.asked == []
+
+
+def unsupported(request: dict[str, Any]) -> dict[str, Any]:
+    """As Relay's client for dbos 3.4 answers what DBOS moved out of its MIT package."""
+    return {"metrics": [], "unsupported": True,
+            "error_message": f"{request['type']} is not available with dbos 3.4.0: DBOS moved it out"}
+
+
+async def test_an_unsupported_operation_is_asked_of_another_executor_and_a_501_when_none_can() -> None:
+    hub = Hub()
+    a, b = Scripted("a", unsupported), Scripted("b", ok)
+    a.attach(hub)
+    b.attach(hub)
+    store = FakeStore([_row("a"), _row("b")], busy={"b"})  # a first: free
+    # Not carried out by "a", so even a request that must not run twice goes on to "b" (a dbos 3.2.0 executor).
+    for kind in ("get_metrics", "export_workflow", "fork_from_failure"):
+        answer = await _management(store, hub).ask(ORG, APP, kind, {}, version="v1")
+        assert answer.executor_id == "b"
+    b.script = unsupported
+    with pytest.raises(ExecutorUnsupportedError) as raised:
+        await _management(store, hub).ask(ORG, APP, "get_metrics", {})
+    assert raised.value.status == 501 and raised.value.executor_id == "a"
+    assert "get_metrics is not supported by the executors of app 'orders' asked (a, b)" in raised.value.detail
+    assert "dbos 3.4.0" in raised.value.detail
+
+    b.script = silent  # one unsupported, one silent: the executor's failure, a 502
+    with pytest.raises(ExecutorsFailedError) as failed:
+        await _management(store, hub).ask(ORG, APP, "get_metrics", {})
+    assert failed.value.status == 502 and failed.value.tried == ["a", "b"]
 
 
 async def test_an_error_the_executor_reports_is_its_answer() -> None:
