@@ -95,11 +95,13 @@ test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR) $(PY_STAMP)
 	$(MAKE) --no-print-directory client-check
 	$(PY) -m tests.tiers
 
-# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python` (tests/e2e/test_sdks.py for that
-# SDK; for Python also its own recovery and liveness end-to-end tests, which run dbos==3.2.0 executors).
+# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python|python-current` (tests/e2e/test_sdks.py
+# for that SDK; for python, dbos==3.2.0, also its own recovery and liveness end-to-end tests; for python-current,
+# dbos 3.4.0 through Relay's client, also that client's end-to-end tests).
 SDK ?= python
-SDK_TESTS = tests/e2e/test_sdks.py $(if $(filter python,$(SDK)),tests/e2e/test_recovery.py tests/e2e/test_liveness.py)
-test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR)
+SDK_TESTS = tests/e2e/test_sdks.py $(if $(filter python,$(SDK)),tests/e2e/test_recovery.py tests/e2e/test_liveness.py) \
+	$(if $(filter python-current,$(SDK)),tests/e2e/test_relay_client.py)
+test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR) $(PY_STAMP)
 	$(PY) -m pytest -q -s --sdk=$(SDK) $(SDK_TESTS)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no
