@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import sqlite3
 import time
@@ -20,7 +21,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_haproxy import CONFIG, HAPROXY
-from tests.sdk import SDKS, SystemDatabase
+from tests.sdk import EXECUTORS, SDKS, SystemDatabase
 from tests.support import (
     Process,
     Relay,
@@ -186,6 +187,32 @@ def test_what_dbos_34_moved_out_of_its_mit_package_is_a_501_naming_it(
     assert relay.executors(APP) == {executor_id: "HEALTHY"}  # a refusal costs the executor nothing
     [imported] = [r for r in audit_rows_at(relay.db_url, APP) if r.operation == "workflow.import"]
     assert (imported.status, imported.executor_id) == ("failure", executor_id)
+
+
+README = Path(__file__).parents[2] / "README.md"
+
+
+def test_the_readmes_example_connects(relay: Relay, tmp_path: Path) -> None:
+    """The README's "Connecting an executor" example, as written (only the port is this Relay's), run by the venv
+    that has dbos 3.4.0 and relay-dbos installed from the checkout: the executor is HEALTHY with its own UUID."""
+    text = README.read_text()
+    section = text[text.index("## Connecting an executor"):]
+    source = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
+    assert source is not None
+    example = source.group(1).replace("ws://127.0.0.1:8090/", relay.ws_url)
+    (tmp_path / "example.py").write_text(example + "assert relay.wait_connected()\nimport time\ntime.sleep(3600)\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RELAY_API_KEY": relay.key}
+    with relay.api() as api:
+        assert api.put("/v2/orgs/local/apps/orders").status_code == 204
+    executor = Process([str(EXECUTORS / "python" / ".venv" / "bin" / "python"), "example.py"], env=env,
+                       log=tmp_path / "example.log", cwd=tmp_path)
+    try:
+        wait_until(lambda: list(relay.executors("orders").values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
+        [executor_id] = relay.executors("orders")
+        assert len(executor_id) == 36 and executor_id.count("-") == 4, executor_id
+        assert executor.popen.poll() is None, executor.output()[-2000:]
+    finally:
+        executor.stop()
 
 
 # -- a frozen gateway, left through the load balancer -----------------------------------------------------------
