@@ -249,3 +249,40 @@ def test_the_passed_through_rule_catches_a_clock_and_io(tmp_path: Path) -> None:
                    "from workflows.contracts.common import Candidate\n")
     assert passed_through_violations(bad, ("workflows.contracts",)) == [
         "bad.py imports time", "bad.py imports workflows.lifecycle", "bad.py imports datetime.datetime"]
+
+
+CLIENTS = ROOT / "clients"
+
+
+def test_the_clients_import_nothing_of_relays() -> None:
+    """What executors run (clients/) stands alone: installed into an application, it has none of Relay's packages."""
+    sources = sorted(CLIENTS.rglob("*.py"))
+    assert sources, "no client sources found"
+    wrong = {str(p.relative_to(ROOT)): sorted(_imported(p) & set(ALLOWED)) for p in sources}
+    assert {p: names for p, names in wrong.items() if names} == {}
+
+
+def test_the_python_client_stays_off_dbos_proprietary_code() -> None:
+    """relay-dbos is an application-level client on DBOS's MIT API: no import of the proprietary add-on or of the
+    SDK's entitlement module, and no conductor key given to DBOS (which would make dbos >= 3.3 load the add-on)."""
+    sources = sorted((CLIENTS / "python" / "relay_dbos").rglob("*.py"))
+    assert sources, "no relay_dbos sources found"
+    for path in sources:
+        modules = _modules(path)
+        assert not {m for m in modules if m.split(".")[0] == "dbos_enterprise" or "_enterprise" in m}, path
+        assert _conductor_settings(path) == [], path
+
+
+CONDUCTOR_SETTINGS = ("conductor_key", "conductor_url")
+
+
+def _conductor_settings(path: Path) -> list[ast.AST]:
+    """Where the file names a conductor setting as a value or a keyword (a docstring that mentions one does not)."""
+    return [n for n in _nodes(path) if (isinstance(n, ast.Constant) and n.value in CONDUCTOR_SETTINGS)
+            or (isinstance(n, ast.keyword) and n.arg in CONDUCTOR_SETTINGS)]
+
+
+def test_the_rule_catches_a_conductor_key(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text('DBOS(config={"name": "a", "conductor_key": key})\nDBOS(config=c, conductor_url=u)\n')
+    assert len(_conductor_settings(bad)) == 2
