@@ -51,7 +51,7 @@ class Backoff:
     attempts: int = 0
 
     def next(self) -> timedelta:
-        step = min(self.cap, self.initial * (2 ** min(self.attempts, 30)))
+        step = min(self.cap, self.initial * (1 << min(self.attempts, 30)))
         self.attempts += 1
         return step * (1 - self.jitter * self.rng.random())
 
@@ -88,7 +88,7 @@ class Connection:
                  ping_interval: timedelta = PING_INTERVAL, pong_timeout: timedelta = PONG_TIMEOUT,
                  open_timeout: timedelta = OPEN_TIMEOUT, backoff: Backoff | None = None) -> None:
         self.url = websocket_url(base_url, app_name, key)
-        self.shown_url = websocket_url(base_url, app_name, "***")
+        self.shown_url = websocket_url(base_url, app_name, "") + "***"  # not quoted: "%2A%2A%2A" reads as a key
         self.operations = operations
         self.metadata_only = metadata_only
         self.stopping = stopping or threading.Event()
@@ -168,7 +168,7 @@ class Connection:
             if not pong.wait(self.pong_timeout.total_seconds()):
                 if self.stopping.is_set() or self._socket is not socket:
                     return
-                log.warning("relay-dbos: no pong from Relay within %.0f s; reconnecting",
+                log.warning("relay-dbos: no pong from Relay within %g s; reconnecting",
                             self.pong_timeout.total_seconds())
                 socket.close(1011, "pong timeout")
                 return

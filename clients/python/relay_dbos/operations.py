@@ -108,7 +108,7 @@ def _ids(request: Request) -> list[str]:
     ids = request.get("workflow_ids", list)
     if ids:
         if not all(isinstance(i, str) for i in ids):
-            raise BadRequest(f"{request.type} request: field 'workflow_ids' must be a list of strings")
+            raise BadRequest(f"{request.kind} request: field 'workflow_ids' must be a list of strings")
         return list(ids)
     return [request.require("workflow_id", str)]
 
@@ -318,14 +318,16 @@ class Operations:
         from_step: int | None = b.get("from_step", int)
         if from_step is not None:
             return from_step
-        steps = DBOS.list_workflow_steps(workflow_id, load_output=False)
+        # DBOS reads a step's error only with its output: without them no step would look failed.
+        last_failure = b.get("from_last_failure", bool, False)
+        steps = DBOS.list_workflow_steps(workflow_id, load_output=last_failure)
         name: str | None = b.get("from_step_name", str)
         if name is not None:
             named = [s["function_id"] for s in steps if s["function_name"] == name]
             if not named:
                 raise ValueError(f"Workflow {workflow_id} has no step named {name!r}")
             return max(named)
-        if b.get("from_last_failure", bool, False):
+        if last_failure:
             failed = [s["function_id"] for s in steps if s["error"] is not None]
             if failed:
                 return max(failed)

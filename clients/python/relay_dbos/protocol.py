@@ -49,7 +49,7 @@ class Unsupported(Exception):
 class Request:
     """One request from Relay: its ``type``, ``request_id`` and every other field as sent."""
 
-    type: str
+    kind: str  # its ``type``
     request_id: str
     fields: Mapping[str, Any] = field(default_factory=dict)
 
@@ -58,22 +58,22 @@ class Request:
         value = self.fields.get(name)
         if value is None:
             return default
-        return _typed(self.type, name, value, kind)
+        return _typed(self.kind, name, value, kind)
 
     def require(self, name: str, kind: type[T] | tuple[type, ...]) -> Any:
         value = self.fields.get(name)
         if value is None:
-            raise BadRequest(f"{self.type} request: field {name!r} is required")
-        return _typed(self.type, name, value, kind)
+            raise BadRequest(f"{self.kind} request: field {name!r} is required")
+        return _typed(self.kind, name, value, kind)
 
     def body(self, *, required: bool = True) -> Request:
         """The request's ``body`` object as a ``Request`` of the same type, so its fields are read the same way."""
         value = self.fields.get("body")
         if value is None and not required:
-            return Request(self.type, self.request_id, {})
+            return Request(self.kind, self.request_id, {})
         if not isinstance(value, dict):
-            raise BadRequest(f"{self.type} request: field 'body' must be an object")
-        return Request(self.type, self.request_id, value)
+            raise BadRequest(f"{self.kind} request: field 'body' must be an object")
+        return Request(self.kind, self.request_id, value)
 
 
 def _typed(kind_of: str, name: str, value: Any, kind: type[T] | tuple[type, ...]) -> Any:
@@ -137,24 +137,24 @@ def handle(frame: str | bytes, operations: Mapping[str, Operation], *, metadata_
         message, kind, request_id = err.args
         log.warning("relay-dbos: %s", message)
         return encode(kind, request_id, {}, message)
-    operation = operations.get(request.type)
+    operation = operations.get(request.kind)
     if operation is None:
-        log.warning("relay-dbos: unexpected message type %.40r", request.type)
-        return encode(request.type, request.request_id, {}, UNKNOWN_TYPE)
-    if metadata_only and request.type in DATA_TYPES:
-        return encode(request.type, request.request_id, operation.failed,
-                      f"{request.type} is not allowed in conductor metadata-only mode")
+        log.warning("relay-dbos: unexpected message type %.40r", request.kind)
+        return encode(request.kind, request.request_id, {}, UNKNOWN_TYPE)
+    if metadata_only and request.kind in DATA_TYPES:
+        return encode(request.kind, request.request_id, operation.failed,
+                      f"{request.kind} is not allowed in conductor metadata-only mode")
     try:
-        return encode(request.type, request.request_id, operation.handler(request))
+        return encode(request.kind, request.request_id, operation.handler(request))
     except BadRequest as err:
         log.warning("relay-dbos: %s", err)
-        return encode(request.type, request.request_id, operation.failed, str(err))
+        return encode(request.kind, request.request_id, operation.failed, str(err))
     except Unsupported as err:
-        return encode(request.type, request.request_id, operation.failed, str(err), unsupported=True)
+        return encode(request.kind, request.request_id, operation.failed, str(err), unsupported=True)
     except Exception as err:
         log.error("relay-dbos: %s", operation.context, exc_info=True)
         if metadata_only:
             error = f"{operation.context}: {type(err).__name__} (details withheld in metadata-only mode)"
         else:
             error = f"{operation.context}: {traceback.format_exc()}"
-        return encode(request.type, request.request_id, operation.failed, error)
+        return encode(request.kind, request.request_id, operation.failed, error)
