@@ -162,7 +162,7 @@ def test_sigkilled_executor_is_recovered_by_its_peer(sdk: Sdk, fast: Relay, tmp_
         assert GRACE - 0.5 <= dead_at - disconnected_at <= GRACE + 2.0
         success_at = wait_until(lambda: sys_db.status(workflow_id) == "SUCCESS", timeout=60, interval=0.05,
                                 what="SUCCESS")
-        wait_until(lambda: a_id not in fast.executors(app), timeout=10, what="A's record deleted")
+        deleted_at = wait_until(lambda: a_id not in fast.executors(app), timeout=10, what="A's record deleted")
         assert fast.executors(app) == {b_id: "HEALTHY"}
 
         # Every step ran exactly once across the two executors: none A had checkpointed ran again on B.
@@ -179,7 +179,8 @@ def test_sigkilled_executor_is_recovered_by_its_peer(sdk: Sdk, fast: Relay, tmp_
             "executor.healthy", "executor.disconnected", "executor.dead", "executor.recovery.dispatched",
             "executor.recovery.succeeded", "executor.deleted"]
         print(f"\n{sdk.name}: SIGKILL→DISCONNECTED {disconnected_at - killed_at:.2f}s, "
-              f"→DEAD {dead_at - killed_at:.2f}s (grace {GRACE}s), →SUCCESS on the peer {success_at - killed_at:.2f}s")
+              f"→DEAD {dead_at - killed_at:.2f}s (grace {GRACE}s), →SUCCESS on the peer {success_at - killed_at:.2f}s, "
+              f"→record deleted {deleted_at - killed_at:.2f}s")
 
 
 def test_sigstopped_executor_disconnects_at_ping_wait_then_reconnects(sdk: Sdk, fast: Relay, tmp_path: Path,
