@@ -7,7 +7,9 @@ in tests/e2e/test_sdks.py, where this executor is the SDK ``python-current``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import gzip
 import os
 import re
 import signal
@@ -21,6 +23,7 @@ import httpx
 import pytest
 
 from tests.e2e.test_haproxy import CONFIG, HAPROXY
+from tests.e2e.test_management import _ok
 from tests.sdk import EXECUTORS, SDKS, SystemDatabase
 from tests.support import (
     Process,
@@ -79,11 +82,6 @@ def app(relay: Relay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tupl
 def _api(relay: Relay) -> httpx.Client:
     return httpx.Client(base_url=f"{relay.url}/v2/orgs/local/apps/{APP}/", timeout=30,
                         headers={"Authorization": f"Bearer {relay.key}"})
-
-
-def _ok(response: httpx.Response, status: int = 200) -> Any:
-    assert response.status_code == status, (response.status_code, response.text[:2000])
-    return response.json() if response.content else None
 
 
 def test_workflows_are_listed_got_stepped_cancelled_resumed_forked_and_deleted(
@@ -175,7 +173,7 @@ def test_what_dbos_34_moved_out_of_its_mit_package_is_a_501_naming_it(
             "get_workflow_streams": api.get("workflows/f1/streams"),
             "get_workflow_aggregates": api.post("workflows/aggregates", json={"groupByStatus": True}),
             "get_step_aggregates": api.post("steps/aggregates", json={"groupByStatus": True}),
-            "import_workflow": api.post("workflows/import", json={"serializedWorkflow": "H4sIAAAAAAAA"}),
+            "import_workflow": api.post("workflows/import", json={"serializedWorkflow": NOT_A_WORKFLOW}),
         }
     for operation, response in refused.items():
         assert response.status_code == 501, (operation, response.status_code, response.text)
@@ -190,6 +188,8 @@ def test_what_dbos_34_moved_out_of_its_mit_package_is_a_501_naming_it(
 
 
 README = Path(__file__).parents[2] / "README.md"
+# An import body the client refuses before reading it: gzipped text, made here, not a real export.
+NOT_A_WORKFLOW = base64.b64encode(gzip.compress(b"not an exported workflow")).decode()
 
 
 def test_the_readmes_example_connects(relay: Relay, tmp_path: Path) -> None:
