@@ -21,12 +21,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine, update
-from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col
+from sqlalchemy import Engine
+from sqlmodel import Session
 
 from core import alerts
 from core.models import OwnAlertState
+from core.store.base import InsertOnce
 from core.types import Alert, OwnAlertEvent, OwnEvents
 
 # uuid5's namespace for alert ids: any constant (a uuid4 drawn once); changing it would send every row again.
@@ -98,6 +98,10 @@ def message(alert: Alert, outcome: Claim, *, flushed: bool) -> str:
     return alert.message
 
 
+# The row is created the first time, and locked before it is read (``InsertOnce.lock``), as the gate's is.
+_RATES = InsertOnce(OwnAlertState, "org", "app", "kind")
+
+
 class OwnAlertRates:
     """The ``ownalertstate`` rows, on the store's engine."""
 
@@ -108,33 +112,10 @@ class OwnAlertRates:
               held_behind: datetime | None = None) -> Claim:
         """``claim`` on the stored row, in one transaction under its lock."""
         with Session(self.engine) as s:
-            row = _locked(s, org, app, kind)
+            row = _RATES.lock(s, OwnAlertState(org=org, app=app, kind=kind))
             rate, outcome = claim(Rate(row.last_sent_at, row.last_alert_id, row.held), alert_id=alert_id, now=now,
                                   min_interval=min_interval, held_behind=held_behind)
             row.last_sent_at, row.last_alert_id, row.held = rate.last_sent_at, rate.last_alert_id, rate.held
             s.add(row)
             s.commit()
             return outcome
-
-
-def _locked(s: Session, org: str, app: str, kind: str) -> OwnAlertState:
-    """The row, created the first time, with its lock taken for this transaction: an UPDATE comes first, so SQLite
-    takes its write lock and PostgreSQL the row's lock before it is read (as ``core.store``'s gate does)."""
-    where = (col(OwnAlertState.org) == org, col(OwnAlertState.app) == app, col(OwnAlertState.kind) == kind)
-    touch = update(OwnAlertState).where(*where).values(held=col(OwnAlertState.held))
-    for _ in range(3):
-        if s.execute(touch).rowcount:  # type: ignore[attr-defined]
-            row = s.get(OwnAlertState, (org, app, kind))
-            assert row is not None
-            return row
-        s.add(OwnAlertState(org=org, app=app, kind=kind))
-        try:
-            s.flush()
-        except IntegrityError:  # created meanwhile by another claim: lock that one
-            s.rollback()
-            continue
-        s.execute(touch)
-        row = s.get(OwnAlertState, (org, app, kind))
-        assert row is not None
-        return row
-    raise RuntimeError(f"could not lock the own-alert rate of {org}/{app}/{kind}")

@@ -8,14 +8,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import update
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, or_, select
 
 from core import units
 from core.errors import NotFoundError
 from core.models import AlertingRule, AlertWatermark, Application, AuditLog, Executor
-from core.store.base import StoreBase, app_row
+from core.store.base import InsertOnce, StoreBase, app_row
 from core.types import ExecutorStatus
+
+_WATERMARKS = InsertOnce(AlertWatermark, "name")
 
 
 class AlertsStore(StoreBase):
@@ -92,17 +93,10 @@ class AlertsStore(StoreBase):
 
     def advance_alert_watermark(self, until: datetime, *, watermark: str = "audit") -> None:
         """Move the watermark forward to ``until`` (never back)."""
-        with Session(self.engine) as s:
-            mark = s.get(AlertWatermark, watermark)
-            if mark is None:
-                s.add(AlertWatermark(name=watermark, until=until))
-            elif until > mark.until:
-                mark.until = until
-                s.add(mark)
-            try:
-                s.commit()
-            except IntegrityError:  # created concurrently by another round: the later instant wins next time
-                s.rollback()
+        with self.engine.begin() as c:
+            if not _WATERMARKS(c, AlertWatermark(name=watermark, until=until)):
+                c.execute(update(AlertWatermark).where(col(AlertWatermark.name) == watermark,
+                                                       col(AlertWatermark.until) < until).values(until=until))
 
     def record_rule_evaluation(self, rule_id: str, *, now: datetime, fire: bool, suppressed: bool,
                                expected_last_fired_at: datetime | None, checked_until: datetime | None,

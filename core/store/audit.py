@@ -7,16 +7,19 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete as sa_delete
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, and_, col, or_, select
 
 from core.models import ApiKey, AuditLog
-from core.store.base import Principal, StoreBase
+from core.store.base import InsertOnce, Principal, StoreBase
 
 # Audit subjects are stored as "system" or "api_key:<key id>" (older rows: "key:<key name>").
 API_KEY_SUBJECT = "api_key:"
 SYSTEM_SUBJECT = "system"
 TOKEN_OPERATIONS = ("token.created", "token.deleted")
+# An audit row with an ``event_key`` lands once per key: whoever inserts it first wrote the event, and a writer that
+# finds it there (an earlier try of the same activity, or the other writer of a step two may write) wrote nothing.
+# A row without one (NULL, never equal to another in a unique index) always lands.
+insert_audit = InsertOnce(AuditLog, "event_key")
 
 
 def subject_of_key(key_id: str) -> str:
@@ -40,15 +43,10 @@ class AuditStore(StoreBase):
                     status: str = "success", subject: str = "system", source_ip: str = "",
                     details: dict[str, Any] | None = None, event_key: str | None = None) -> bool:
         """Write one audit row; False when an earlier try of the same activity wrote it (the same ``event_key``)."""
-        with Session(self.engine) as s:
-            s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id, operation=operation,
-                           status=status, subject=subject, source_ip=source_ip, details=details))
-            try:
-                s.commit()
-            except IntegrityError:
-                s.rollback()  # same event_key: already written by an earlier try of the same activity
-                return False
-        return True
+        with self.engine.begin() as c:
+            return insert_audit(c, AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
+                                            operation=operation, status=status, subject=subject, source_ip=source_ip,
+                                            details=details))
 
     def prune_audit_batch(self, *, before: datetime, limit: int) -> int:
         """Delete up to ``limit`` of the oldest audit rows emitted before ``before`` (every org's), in one short

@@ -1,5 +1,6 @@
 """What every part of the store shares: the engine, SQLite's one thread, the one app lookup and the one key check,
-and how a database error reads (``unavailable``, ``outage``).
+how a database error reads (``unavailable``, ``outage``), and how a row meant to exist once per key is written
+(``InsertOnce``).
 
 One ``Store`` wraps one engine. Methods are synchronous (SQLAlchemy); async callers run them through ``call``.
 """
@@ -18,20 +19,25 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
-from sqlalchemy import Connection, Engine, bindparam, text
+from sqlalchemy import Connection, Engine, Executable, bindparam, text
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
-from sqlmodel import Session, select
+from sqlmodel import Session, SQLModel, select
 
 from core.errors import AuthError, ForbiddenError, NotFoundError
-from core.gateways import GatewayRegistry
 from core.models import ApiKey, Application
+
+if TYPE_CHECKING:
+    from core.gateways import GatewayRegistry
 
 KEY_PREFIX = "dbos_"
 P = ParamSpec("P")
 T = TypeVar("T")
+M = TypeVar("M", bound=SQLModel)
 
 
 def hash_key(key: str) -> str:
@@ -111,6 +117,60 @@ def app_row(db: Session | Connection, org: str, name: str) -> Application:
     return row
 
 
+class InsertOnce(Generic[M]):
+    """``INSERT ... ON CONFLICT (key) DO NOTHING`` into one table, built once for each database Relay runs on: how
+    the store writes every row meant to exist once per key, never a check for the row followed by an insert.
+
+    A check then an insert, in READ COMMITTED transactions, lets two writers both miss each other's row: on PostgreSQL
+    each may read before the other commits (a gateway's ``record_disconnect`` and its workflow's ``begin_grace`` met
+    so in a drain: ``UniqueViolation`` on ``auditlog_event_key_key``), and on SQLite too, whose driver (pysqlite)
+    begins the transaction at its first write, after the check. An insert that does nothing on a conflict decides it
+    atomically: a PostgreSQL writer whose key another transaction has inserted but not committed waits for that one on
+    the unique index, then does nothing, and the row is visible to its next statement (each takes a new snapshot); on
+    SQLite the insert, even one that does nothing, takes the database's write lock. Nor does a lost race abort the
+    transaction and log an ERROR on the server, as a failed insert caught as ``IntegrityError`` did."""
+
+    def __init__(self, model: type[M], *key: str) -> None:
+        self.model, self.key = model, key
+        # ``preserve_rowcount``: SQLAlchemy keeps the driver's rowcount of an UPDATE or DELETE only (psycopg's
+        # INSERT reads -1 without it), and the rowcount is what says whether this insert did anything.
+        self._statements: dict[str, Executable] = {
+            "postgresql": postgresql_insert(model).on_conflict_do_nothing(index_elements=list(key))
+            .execution_options(preserve_rowcount=True),
+            "sqlite": sqlite_insert(model).on_conflict_do_nothing(index_elements=list(key))
+            .execution_options(preserve_rowcount=True),
+        }
+
+    def __call__(self, c: Connection, row: M | dict[str, Any]) -> bool:
+        """Insert ``row`` (a model, or its columns) unless a row of its key is there; whether this call inserted it."""
+        values = row.model_dump() if isinstance(row, SQLModel) else row
+        inserted = c.execute(self._statements[c.dialect.name], values).rowcount
+        if inserted not in (0, 1):  # -1, a driver that does not count: never read as "landed already"
+            raise RuntimeError(f"{c.dialect.name}'s driver counted {inserted} rows inserted into {self.model.__name__}")
+        return inserted == 1
+
+    def lock(self, s: Session, row: M) -> M:
+        """The stored row of ``row``'s key (``key`` is the primary key, in order), ``row`` inserted first if there was
+        none, locked for the session's transaction: the insert takes SQLite's write lock, the ``SELECT ... FOR
+        UPDATE`` PostgreSQL's row lock, before anything else is read. Two writers creating the row at once both get
+        it, one after the other."""
+        ident = tuple(getattr(row, name) for name in self.key)
+        for _ in range(3):  # the row may be deleted between the two statements (its app deleted): insert it again
+            self(s.connection(), row)
+            locked = s.get(self.model, ident, with_for_update=True)
+            if locked is not None:
+                return locked
+        raise RuntimeError(f"could not lock the {self.model.__name__} row {ident}")
+
+    def put(self, s: Session, row: M) -> M:
+        """``row`` stored whether or not one of its key was there (replacing that one's columns), under ``lock``."""
+        stored = self.lock(s, row)
+        for name in type(row).model_fields:
+            setattr(stored, name, getattr(row, name))
+        s.add(stored)
+        return stored
+
+
 class _SerialThread:
     """One thread that runs what it is given one call at a time, in order, except that a call submitted ``first``
     goes ahead of every call not ``first`` still waiting. Started on first use; a daemon (it holds no state)."""
@@ -149,7 +209,12 @@ READY_DB_TIMEOUT = timedelta(seconds=2)
 class StoreBase:
     """The engine and how async callers reach it; each part of ``Store`` (a mixin per concern) builds on this."""
 
+    gateways: GatewayRegistry
+
     def __init__(self, engine: Engine) -> None:
+        # Imported here, not above: ``core.gateways`` writes its rows through ``InsertOnce``, from this module.
+        from core.gateways import GatewayRegistry
+
         self.engine = engine
         self.gateways = GatewayRegistry(engine)
         # SQLite has one writer: calls from many threads at once only contend for its lock, each loser sleeping in

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists, func, insert, union_all, update
+from sqlalchemy import Connection, bindparam, exists, func, union_all, update
 from sqlmodel import Session, col, select
 
 from core import candidates
 from core.models import Executor, ExecutorDrain, ManagementClaim, RecoveryClaim, RecoveryTicket
-from core.store.base import StoreBase, find_app
+from core.store.base import InsertOnce, StoreBase, find_app
 from core.types import ExecutorStatus
 from core.units import utcnow
 
@@ -59,9 +59,8 @@ _CLAIM_KEY = (col(RecoveryClaim.org) == bindparam("c_org"), col(RecoveryClaim.ap
               col(RecoveryClaim.dead_executor_id) == bindparam("dead"))
 _CLAIM_AGAIN = update(RecoveryClaim).where(*_CLAIM_KEY).values(candidate_id=bindparam("peer"),
                                                                claimed_at=bindparam("at"))
-_CLAIM = insert(RecoveryClaim).values(org=bindparam("c_org"), app=bindparam("c_app"),
-                                      dead_executor_id=bindparam("dead"), candidate_id=bindparam("peer"),
-                                      claimed_at=bindparam("at"))
+_CLAIM = InsertOnce(RecoveryClaim, "org", "app", "dead_executor_id")
+_MANAGEMENT_CLAIMS = InsertOnce(ManagementClaim, "org", "app", "request_id")
 _TICKET_PEER = update(RecoveryTicket).where(
     col(RecoveryTicket.org) == bindparam("c_org"), col(RecoveryTicket.app) == bindparam("c_app"),
     col(RecoveryTicket.executor_id) == bindparam("dead")).values(candidate_id=bindparam("peer"))
@@ -137,8 +136,11 @@ class ClaimsStore(StoreBase):
             if dead_executor_id:
                 claim = {"c_org": org, "c_app": app, "dead": dead_executor_id, "peer": row.executor_id,
                          "at": utcnow()}
-                if not conn.execute(_CLAIM_AGAIN, claim).rowcount:
-                    conn.execute(_CLAIM, claim)
+                if not conn.execute(_CLAIM_AGAIN, claim).rowcount and not _CLAIM(conn, {
+                        "org": org, "app": app, "dead_executor_id": dead_executor_id,
+                        "candidate_id": row.executor_id, "claimed_at": claim["at"]}):
+                    # Claimed meanwhile, by another try of the same selection still running: this one's peer wins.
+                    conn.execute(_CLAIM_AGAIN, claim)
                 conn.execute(_TICKET_PEER, claim)  # none yet for a death the gate was not asked about
                 s.commit()
             return row, cross
@@ -161,8 +163,8 @@ class ClaimsStore(StoreBase):
         """An operator's request is taking a while on ``executor_id``: count it as work in flight there, so a
         recovery picks another peer while one is free (the SDKs answer one request at a time)."""
         with Session(self.engine) as s:
-            s.merge(ManagementClaim(org=org, app=app, request_id=request_id, candidate_id=executor_id,
-                                    claimed_at=utcnow()))
+            _MANAGEMENT_CLAIMS.put(s, ManagementClaim(org=org, app=app, request_id=request_id,
+                                                      candidate_id=executor_id, claimed_at=utcnow()))
             s.commit()
 
     def release_management_claim(self, *, org: str, app: str, request_id: str) -> None:

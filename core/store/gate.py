@@ -6,15 +6,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func, update
+from sqlalchemy import bindparam, func
 from sqlalchemy import delete as sa_delete
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, or_, select
 
 from core import gate, units
 from core.errors import NotFoundError
 from core.models import AuditLog, Executor, ExecutorDrain, RecoveryGate, RecoveryPause, RecoveryTicket
-from core.store.base import StoreBase, app_row
+from core.store.audit import insert_audit
+from core.store.base import InsertOnce, StoreBase, app_row
 from core.store.registry import dead_executors
 from core.types import ExecutorStatus
 from core.units import utcnow
@@ -36,31 +36,15 @@ _TICKETS = select(*RecoveryTicket.__table__.columns).where(  # type: ignore[attr
         col(RecoveryTicket.executor_id) == bindparam("me")))
 # Statements built once (Core, on the session's connection, not ORM-enabled): built and compiled on every admission,
 # with the ORM's synchronization of the session, these two cost a burst of deaths ~2 ms each under the write lock.
-_BUMP = update(RecoveryGate).where(col(RecoveryGate.org) == bindparam("gate_org"),
-                                   col(RecoveryGate.app) == bindparam("gate_app")).values(
-    version=col(RecoveryGate.version) + 1)
+_GATES = InsertOnce(RecoveryGate, "org", "app")
 # Finished tickets of others that died before ``kept``: they stopped counting.
 _PRUNE_TICKETS = sa_delete(RecoveryTicket).where(
     col(RecoveryTicket.org) == bindparam("org"), col(RecoveryTicket.app) == bindparam("app"),
     col(RecoveryTicket.executor_id) != bindparam("me"), col(RecoveryTicket.granted_at).is_not(None),
     col(RecoveryTicket.died_at) < bindparam("kept"))
-
-
-def _lock_gate(s: Session, org: str, app: str) -> None:
-    """Take the app's gate row lock for this transaction (creating the row the first time)."""
-    key = {"gate_org": org, "gate_app": app}
-    for _ in range(3):
-        if s.connection().execute(_BUMP, key).rowcount:
-            return
-        s.add(RecoveryGate(org=org, app=app))
-        try:
-            s.flush()
-        except IntegrityError:  # created meanwhile by another admission: bump that one
-            s.rollback()
-            continue
-        s.connection().execute(_BUMP, key)
-        return
-    raise RuntimeError(f"could not lock the recovery gate of {org}/{app}")
+# An operator's drain of an executor and pause of an app: one row each, replaced by the next (``InsertOnce.put``).
+_DRAINS = InsertOnce(ExecutorDrain, "org", "app", "executor_id")
+_PAUSES = InsertOnce(RecoveryPause, "org", "app")
 
 
 def _ticket(row: Any) -> gate.Ticket:
@@ -88,12 +72,12 @@ def _gate_audit(s: Session, decision: gate.Decision, *, org: str, app: str, exec
         s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_reset",
                        details={"trips": trips}))
     if decision.tripped:
-        s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_tripped",
-                       status="failure", event_key=gate.breaker_event_key(org, app, trips),
-                       details={**decision.storm, "trip": trips, "stormShare": policy.storm_share,
-                                "stormMinExecutors": policy.storm_min,
-                                **units.rest_durations({"stormWindowMs": policy.window,
-                                                        "paceMs": policy.pace})}))
+        insert_audit(s.connection(), AuditLog(
+            org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_tripped", status="failure",
+            event_key=gate.breaker_event_key(org, app, trips),
+            details={**decision.storm, "trip": trips, "stormShare": policy.storm_share,
+                     "stormMinExecutors": policy.storm_min,
+                     **units.rest_durations({"stormWindowMs": policy.window, "paceMs": policy.pace})}))
     if decision.first_hold and decision.until is not None:
         s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.recovery.held",
                        details={"reason": decision.reason, "until": decision.until.isoformat(),
@@ -109,8 +93,8 @@ class GateStore(StoreBase):
             app_row(s, org, app)
             if s.get(Executor, (org, app, executor_id)) is None:
                 raise NotFoundError(f"executor {executor_id!r} of app {app!r} not found")
-            row = s.merge(ExecutorDrain(org=org, app=app, executor_id=executor_id, until=until, subject=subject,
-                                        reason=reason, created_at=utcnow()))
+            row = _DRAINS.put(s, ExecutorDrain(org=org, app=app, executor_id=executor_id, until=until,
+                                               subject=subject, reason=reason, created_at=utcnow()))
             s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.drain.set",
                            subject=subject, source_ip=source_ip,
                            details={**details, "until": until.isoformat(), "reason": reason}))
@@ -144,8 +128,8 @@ class GateStore(StoreBase):
         """Pause the app's recoveries until ``until`` (replacing any pause), audited. 404: unknown app."""
         with Session(self.engine) as s:
             app_row(s, org, app)
-            row = s.merge(RecoveryPause(org=org, app=app, until=until, reason=reason, subject=subject,
-                                        created_at=utcnow()))
+            row = _PAUSES.put(s, RecoveryPause(org=org, app=app, until=until, reason=reason, subject=subject,
+                                               created_at=utcnow()))
             s.add(AuditLog(org=org, app=app, operation="app.recovery.paused", subject=subject, source_ip=source_ip,
                            details={**details, "until": until.isoformat(), "reason": reason}))
             s.commit()
@@ -180,13 +164,13 @@ class GateStore(StoreBase):
         (``core.gate.admit``), in one transaction under the gate's row lock. Writes the breaker's alert
         (``app.recovery.breaker_tripped``, once per storm), its reset, and the first hold of each kind.
 
-        The lock: an UPDATE of the gate row comes first, so SQLite takes its write lock and PostgreSQL the row's
-        lock before anything is read; concurrent admissions of one app then run one after the other.
+        The lock: the gate row, created the first time, is locked before anything is read (``InsertOnce.lock``: a
+        write, so SQLite takes its write lock, then ``SELECT ... FOR UPDATE``, PostgreSQL's row lock); concurrent
+        admissions of one app then run one after the other.
         """
         with Session(self.engine) as s:
-            _lock_gate(s, org, app)
-            row = s.get(RecoveryGate, (org, app))
-            assert row is not None
+            row = _GATES.lock(s, RecoveryGate(org=org, app=app))
+            row.version += 1
             # Plain rows, not the ORM's (a burst of deaths reads every ticket on every admission); the one this
             # admission writes is loaded as an object below.
             c = s.connection()

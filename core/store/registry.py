@@ -12,13 +12,13 @@ from typing import Any
 
 from sqlalchemy import Connection, bindparam, exists, tuple_
 from sqlalchemy import delete as sa_delete
-from sqlalchemy import insert as sa_insert
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from core.models import Application, AuditLog, Executor, GatewayProcess, RecoveryClaim, RecoveryTicket, new_id
-from core.store.base import StoreBase
+from core.store.audit import insert_audit
+from core.store.base import InsertOnce, StoreBase
 from core.types import ExecutorInfo, ExecutorStatus
 from core.units import rest_durations, utcnow
 
@@ -123,9 +123,12 @@ _HEALTHY_CONNECTION = sa_select(col(Executor.connection_id)).where(*_PK, col(Exe
 _DROP_WAITING_TICKET = sa_delete(RecoveryTicket).where(
     col(RecoveryTicket.org) == bindparam("k_org"), col(RecoveryTicket.app) == bindparam("k_app"),
     col(RecoveryTicket.executor_id) == bindparam("k_executor_id"), col(RecoveryTicket.granted_at).is_(None))
-_INSERT_EXECUTOR = sa_insert(Executor)
+_INSERT_EXECUTOR = InsertOnce(Executor, "org", "app", "executor_id")
 _UPDATE_EXECUTOR = sa_update(Executor).where(*_PK)  # SET: the columns the parameters name, but for the k_* key
-_INSERT_AUDIT = sa_insert(AuditLog)
+_DELETE_EXECUTOR = sa_delete(Executor).where(*_PK)
+_DELETE_CLAIM = sa_delete(RecoveryClaim).where(
+    col(RecoveryClaim.org) == bindparam("k_org"), col(RecoveryClaim.app) == bindparam("k_app"),
+    col(RecoveryClaim.dead_executor_id) == bindparam("k_executor_id"))
 # A new row's columns that a status write does not set.
 _NEW_ROW = {"app_version": "", "hostname": None, "language": None, "dbos_version": None, "executor_metadata": None,
             "gateway_queue": None, "connection_id": None}
@@ -179,25 +182,39 @@ def _row_values(status: ExecutorStatus, now: datetime, info: ExecutorInfo | None
 
 def _write_status(c: Connection, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
                   event_key: str, info: ExecutorInfo | None, connection_id: str | None, gateway_queue: str | None,
-                  details: dict[str, Any]) -> datetime:
-    """Upsert the registry row and insert its audit row (the caller found ``event_key`` not landed); their time."""
-    key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+                  details: dict[str, Any]) -> datetime | None:
+    """Insert the audit row under ``event_key`` and, only if it was not there, upsert the registry row: their time,
+    or None when the key had landed (this call wrote nothing).
+
+    The audit row is the mark that the event landed, and its insert is the transaction's first write: the unique
+    index, not a check read before it, decides which of two writers of one key (the gateway and the lifecycle
+    workflow, or two tries of one activity) writes the event; the other waits there until the first commits. Every
+    writer of a key takes the audit key, then the registry row, so none waits on another in the reverse order."""
     now = utcnow()
-    values = _row_values(status, now, info, connection_id, gateway_queue)
+    if not insert_audit(c, _audit_row(org=org, app=app, executor_id=executor_id, operation=operation,
+                                      event_key=event_key, now=now, details=details)):
+        return None
+    _write_row(c, org=org, app=app, executor_id=executor_id, status=status,
+               values=_row_values(status, now, info, connection_id, gateway_queue), now=now)
+    return now
+
+
+def _write_row(c: Connection, *, org: str, app: str, executor_id: str, status: ExecutorStatus,
+               values: dict[str, Any], now: datetime) -> None:
+    """Upsert the registry row with ``values``."""
+    key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
     was = c.execute(_STATUS, key).scalar()
     if was is None:
-        c.execute(_INSERT_EXECUTOR, {"org": org, "app": app, "executor_id": executor_id,
-                                     **_NEW_ROW, **values, "created_at": now})
-    else:
-        if was == ExecutorStatus.DEAD and status == ExecutorStatus.HEALTHY:
-            # Back before its recovery was let through: its ticket no longer waits at the gate (nor, for the
-            # breaker, is it an executor gone down). A ticket let through stays: it says which peer carried a
-            # recovery.
-            c.execute(_DROP_WAITING_TICKET, key)
-        c.execute(_UPDATE_EXECUTOR, key | values)
-    c.execute(_INSERT_AUDIT, _audit_row(org=org, app=app, executor_id=executor_id, operation=operation,
-                                        event_key=event_key, now=now, details=details))
-    return now
+        if _INSERT_EXECUTOR(c, {"org": org, "app": app, "executor_id": executor_id, **_NEW_ROW, **values,
+                                "created_at": now}):
+            return
+        was = c.execute(_STATUS, key).scalar()  # inserted meanwhile, under another event key: written over below
+    if was == ExecutorStatus.DEAD and status == ExecutorStatus.HEALTHY:
+        # Back before its recovery was let through: its ticket no longer waits at the gate (nor, for the
+        # breaker, is it an executor gone down). A ticket let through stays: it says which peer carried a
+        # recovery.
+        c.execute(_DROP_WAITING_TICKET, key)
+    c.execute(_UPDATE_EXECUTOR, key | values)
 
 
 class RegistryStore(StoreBase):
@@ -215,17 +232,16 @@ class RegistryStore(StoreBase):
         it before this one named it (the lifecycle workflow took the ``connected`` in late), and then nothing else
         would ever disconnect it."""
         with self.engine.begin() as c:
-            landed_at = c.execute(_LANDED_AT, {"event_key": event_key}).scalar()
-            now = landed_at or _write_status(c, org=org, app=app, executor_id=executor_id, status=status,
-                                             operation=operation, event_key=event_key, info=info,
-                                             connection_id=connection_id, gateway_queue=gateway_queue,
-                                             details=details)
+            written_at = _write_status(c, org=org, app=app, executor_id=executor_id, status=status,
+                                       operation=operation, event_key=event_key, info=info,
+                                       connection_id=connection_id, gateway_queue=gateway_queue, details=details)
+            now = written_at or c.execute(_LANDED_AT, {"event_key": event_key}).scalar_one()
             if status != ExecutorStatus.HEALTHY:
-                return StatusWritten(written=landed_at is None, dead=[], at=now)
+                return StatusWritten(written=written_at is not None, dead=[], at=now)
             # After the row's write, in its transaction: either the gateway's ``mark_gone`` came first and this
             # reads it, or it comes after this commits and the sweep behind it finds this row on that gateway.
             gone_at = None if gateway_queue is None else c.execute(_GATEWAY_GONE_AT, {"queue": gateway_queue}).scalar()
-            return StatusWritten(written=landed_at is None, dead=dead_executors(c, org, app), at=now,
+            return StatusWritten(written=written_at is not None, dead=dead_executors(c, org, app), at=now,
                                  gateway_gone=gone_at is not None)
 
     def begin_grace(self, *, org: str, app: str, executor_id: str, event_key: str,
@@ -238,26 +254,27 @@ class RegistryStore(StoreBase):
         workflow taking in its ``connected`` after the gateway had written both (``move_healthy``, then
         ``record_disconnect``). The row is put back to DISCONNECTED, as of the landed time: the socket is closed."""
         with self.engine.begin() as c:
-            landed = c.execute(_LANDED, {"event_key": event_key}).one_or_none()
-            if landed is not None:
-                said = landed.details or {}
-                secs = said.get(GRACE_DETAIL)
-                grace = timedelta(seconds=secs) if secs is not None else c.execute(
-                    _APP_GRACE, {"org": org, "app": app}).scalar()
-                if grace is not None and said.get("connection_id"):
-                    c.execute(_DISCONNECT_HEALTHY, {
-                        "k_org": org, "k_app": app, "k_executor_id": executor_id,
-                        "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": said["connection_id"],
-                        "status": ExecutorStatus.DISCONNECTED, "updated_at": landed.emit_time})
-                return None if grace is None else GraceBegun(at=landed.emit_time, grace=grace, written=False,
-                                                             by_gateway=said.get(RECORDED_BY) == GATEWAY_WRITER)
             grace = c.execute(_APP_GRACE, {"org": org, "app": app}).scalar()
-            if grace is None:
+            if grace is not None:  # an app gone writes nothing, but may still answer a row landed before
+                at = _write_status(c, org=org, app=app, executor_id=executor_id, status=ExecutorStatus.DISCONNECTED,
+                                   operation=DISCONNECTED_OPERATION, event_key=event_key, info=None,
+                                   connection_id=None, gateway_queue=None,
+                                   details={**details, **rest_durations({GRACE_DETAIL: grace})})
+                if at is not None:
+                    return GraceBegun(at=at, grace=grace, written=True)
+            landed = c.execute(_LANDED, {"event_key": event_key}).one_or_none()
+            if landed is None:
                 return None
-            at = _write_status(c, org=org, app=app, executor_id=executor_id, status=ExecutorStatus.DISCONNECTED,
-                               operation=DISCONNECTED_OPERATION, event_key=event_key, info=None, connection_id=None,
-                               gateway_queue=None, details={**details, **rest_durations({GRACE_DETAIL: grace})})
-            return GraceBegun(at=at, grace=grace, written=True)
+            said = landed.details or {}
+            secs = said.get(GRACE_DETAIL)
+            grace = timedelta(seconds=secs) if secs is not None else grace
+            if grace is not None and said.get("connection_id"):
+                c.execute(_DISCONNECT_HEALTHY, {
+                    "k_org": org, "k_app": app, "k_executor_id": executor_id,
+                    "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": said["connection_id"],
+                    "status": ExecutorStatus.DISCONNECTED, "updated_at": landed.emit_time})
+            return None if grace is None else GraceBegun(at=landed.emit_time, grace=grace, written=False,
+                                                         by_gateway=said.get(RECORDED_BY) == GATEWAY_WRITER)
 
     def record_disconnect(self, *, org: str, app: str, executor_id: str, connection_id: str,
                           event_key: str) -> bool:
@@ -268,23 +285,27 @@ class RegistryStore(StoreBase):
         DEAD, none yet) is left to the workflow. The workflow still decides everything after: the grace, DEAD, the
         recovery. True when this call wrote it."""
         key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
-        with self.engine.begin() as c:
-            if c.execute(_LANDED_AT, {"event_key": event_key}).scalar() is not None:
-                return False
+        with self.engine.connect() as c, c.begin() as transaction:
             grace = c.execute(_APP_GRACE, {"org": org, "app": app}).scalar()
             if grace is None:
                 return False
             now = utcnow()
+            # The audit row first, as every writer of the key does (``_write_status``): landed already, it is the
+            # workflow's.
+            if not insert_audit(c, _audit_row(org=org, app=app, executor_id=executor_id,
+                                              operation=DISCONNECTED_OPERATION, event_key=event_key, now=now,
+                                              details={"connection_id": connection_id, RECORDED_BY: GATEWAY_WRITER,
+                                                       **rest_durations({GRACE_DETAIL: grace})})):
+                return False
             moved = c.execute(_DISCONNECT_HEALTHY, key | {
                 "k_healthy": ExecutorStatus.HEALTHY, "k_connection_id": connection_id,
                 "status": ExecutorStatus.DISCONNECTED, "updated_at": now})
             if moved.rowcount != 1:
+                # Not that socket's HEALTHY row: the audit row goes too, and the workflow's ``begin_grace``, which
+                # may be waiting on its key, writes its own.
+                transaction.rollback()
                 return False
-            c.execute(_INSERT_AUDIT, _audit_row(org=org, app=app, executor_id=executor_id,
-                                                operation=DISCONNECTED_OPERATION, event_key=event_key, now=now,
-                                                details={"connection_id": connection_id, RECORDED_BY: GATEWAY_WRITER,
-                                                         **rest_durations({GRACE_DETAIL: grace})}))
-            return True
+        return True
 
     def row_seen(self, org: str, app: str, executor_id: str) -> RowSeen | None:
         """The executor's registry row as ``move_healthy`` compares it; None when it has none."""
@@ -344,18 +365,14 @@ class RegistryStore(StoreBase):
 
     def delete_executor(self, *, org: str, app: str, executor_id: str, event_key: str,
                         details: dict[str, Any]) -> None:
-        with Session(self.engine) as s:
-            if s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None:
-                return
-            row = s.get(Executor, (org, app, executor_id))
-            if row is not None:
-                s.delete(row)
-            claim = s.get(RecoveryClaim, (org, app, executor_id))
-            if claim is not None:
-                s.delete(claim)
-            s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id,
-                           operation="executor.deleted", details=details))
-            s.commit()
+        """Delete the executor's registry row and its recovery claim, audited, at most once per ``event_key``."""
+        key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+        with self.engine.begin() as c:
+            if not insert_audit(c, _audit_row(org=org, app=app, executor_id=executor_id, operation="executor.deleted",
+                                              event_key=event_key, now=utcnow(), details=details)):
+                return  # an earlier try of the same activity deleted them
+            c.execute(_DELETE_EXECUTOR, key)
+            c.execute(_DELETE_CLAIM, key)
 
     def blocked_recoveries(self, org: str, app: str) -> list[BlockedRecovery]:
         """The app's DEAD executors whose recovery is blocked for lack of a peer, as their lifecycle workflows

@@ -6,13 +6,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, and_, col, or_, select
 
 from core import candidates
 from core.models import Application, AuditLog, RetentionState
-from core.store.base import StoreBase
+from core.store.audit import insert_audit
+from core.store.base import InsertOnce, StoreBase
 from core.store.claims import eligible
+
+_STATES = InsertOnce(RetentionState, "org", "app")
 
 
 class RetentionStore(StoreBase):
@@ -54,20 +56,14 @@ class RetentionStore(StoreBase):
         """Write one retention audit row and, with ``started_at``, the app's last round, in one transaction and
         at most once per ``event_key``; False when an earlier try wrote them."""
         with Session(self.engine) as s:
-            if s.exec(select(AuditLog.id).where(AuditLog.event_key == event_key)).first() is not None:
+            if not insert_audit(s.connection(), AuditLog(event_key=event_key, org=org, app=app,
+                                                         executor_id=executor_id, operation=operation,
+                                                         status=status, details=details)):
                 return False  # a retried activity: this event already landed
-            s.add(AuditLog(event_key=event_key, org=org, app=app, executor_id=executor_id, operation=operation,
-                           status=status, details=details))
             if started_at is not None:
-                state = s.get(RetentionState, (org, app))
-                if state is None:
-                    state = RetentionState(org=org, app=app, last_started_at=started_at)
+                state = _STATES.lock(s, RetentionState(org=org, app=app, last_started_at=started_at))
                 state.last_started_at = max(state.last_started_at, started_at)
                 state.executor_id, state.request_id = executor_id, request_id
                 s.add(state)
-            try:
-                s.commit()
-            except IntegrityError:
-                s.rollback()  # the same event_key, written concurrently by an earlier try of this activity
-                return False
+            s.commit()
         return True
