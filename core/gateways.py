@@ -20,13 +20,15 @@ queue with no row is not known gone: the fence probes it, as before this table e
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import Engine
 from sqlalchemy import delete as sa_delete
+from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
 
 from core.models import GatewayProcess
+from core.store.base import InsertOnce
 from core.units import utcnow
 
 # Long past any grace or blocked recovery that could still name the queue; a queue forgotten is merely probed.
@@ -34,6 +36,9 @@ KEEP_GONE = timedelta(days=30)
 RESTARTED = "restarted"
 RETIRED = "retired"
 WATCH = "its watch found it gone"
+# A queue's row is written by the process itself (``register``, ``revive``) and by whoever finds it gone
+# (``mark_gone``: its watch, its own retirement, a successor), possibly at once: each inserts it if absent.
+_PROCESSES = InsertOnce(GatewayProcess, "queue")
 
 
 class GatewayRegistry:
@@ -54,38 +59,31 @@ class GatewayRegistry:
             for row in earlier:
                 row.gone_at, row.gone_reason = now, f"{RESTARTED}: succeeded by {queue}"
                 s.add(row)
-            mine = s.get(GatewayProcess, queue)
-            if mine is None:
-                s.add(GatewayProcess(queue=queue, identity=identity, started_at=now))
-            else:
-                mine.gone_at, mine.gone_reason = None, ""
-                s.add(mine)
+            if not _PROCESSES(s.connection(), GatewayProcess(queue=queue, identity=identity, started_at=now)):
+                s.exec(sa_update(GatewayProcess).where(col(GatewayProcess.queue) == queue)
+                       .values(gone_at=None, gone_reason=""))
             s.commit()
             return sorted(row.queue for row in earlier)
 
     def mark_gone(self, queue: str, reason: str) -> bool:
         """Record ``queue``'s process as gone; True when this call marked it (it was not already)."""
-        with Session(self.engine) as s:
-            row = s.get(GatewayProcess, queue)
-            if row is None:
-                row = GatewayProcess(queue=queue, identity="")
-            elif row.gone_at is not None:
-                return False
-            row.gone_at, row.gone_reason = utcnow(), reason
-            s.add(row)
-            s.commit()
-            return True
+        now = utcnow()
+        with self.engine.begin() as c:
+            if _PROCESSES(c, GatewayProcess(queue=queue, identity="", gone_at=now, gone_reason=reason)):
+                return True
+            # One UPDATE, so of two marks at once only one finds the row not gone yet.
+            return c.execute(sa_update(GatewayProcess).where(col(GatewayProcess.queue) == queue,
+                                                             col(GatewayProcess.gone_at).is_(None))
+                             .values(gone_at=now, gone_reason=reason)).rowcount == 1
 
     def revive(self, queue: str, identity: str) -> str | None:
         """The process on ``queue`` is back and serving again (it closed the sockets it held first): clear its
         mark. Returns the reason it had been marked gone, or None when it was not."""
         with Session(self.engine) as s:
-            row = s.get(GatewayProcess, queue)
-            if row is None:  # a database restored from before this process started
-                s.add(GatewayProcess(queue=queue, identity=identity))
-                s.commit()
-                return None
+            # Inserted when there is none: a database restored from before this process started.
+            row = _PROCESSES.lock(s, GatewayProcess(queue=queue, identity=identity))
             if row.gone_at is None:
+                s.commit()
                 return None
             reason = row.gone_reason or "gone"
             row.gone_at, row.gone_reason = None, ""
@@ -98,3 +96,21 @@ class GatewayRegistry:
         with Session(self.engine) as s:
             row = s.get(GatewayProcess, queue)
             return None if row is None or row.gone_at is None else (row.gone_reason or "gone")
+
+    def report(self, queue: str, *, sockets: int, accepting: bool) -> None:
+        """What ``queue``'s process tells its peers (``gateway.balance``): the executor sockets it holds and whether it
+        takes new ones. Only over its own row, never one known gone (a process marked gone holds no socket)."""
+        with Session(self.engine) as s:
+            s.exec(sa_update(GatewayProcess)
+                   .where(col(GatewayProcess.queue) == queue, col(GatewayProcess.gone_at).is_(None))
+                   .values(sockets=sockets, accepting=accepting, reported_at=utcnow()))
+            s.commit()
+
+    def live_counts(self, fresh: timedelta) -> dict[str, tuple[int, datetime]]:
+        """The executor sockets of every process that takes new ones, and when it said so, by queue: not known gone,
+        accepting, and reported within ``fresh`` (one that stopped reporting, crashed or cut off, is not counted)."""
+        with Session(self.engine) as s:
+            rows = s.exec(select(GatewayProcess.queue, GatewayProcess.sockets, GatewayProcess.reported_at).where(
+                col(GatewayProcess.gone_at).is_(None), col(GatewayProcess.accepting).is_(True),
+                col(GatewayProcess.reported_at) >= utcnow() - fresh)).all()
+        return {queue: (sockets, at) for queue, sockets, at in rows if at is not None}

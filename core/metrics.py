@@ -18,6 +18,10 @@ counter or histogram is observed where its event happens, in the process where i
   ``relay_refusals_total{reason}`` (upgrades refused, handshakes failed), ``relay_gateway_connections``,
   ``relay_management_requests_total{operation,status}`` and ``relay_management_request_seconds{operation}``.
 
+``relay_app_desired_executors{org,app,version}`` (``DESIRED_EXECUTORS``) is what ``api.autoscaling`` last computed for
+each app with an autoscaling policy and an executor on this gateway (getAutoscale's ``desiredExecutors``), kept in
+memory between its rounds: a scrape never asks an executor. With several gateways, aggregate it with ``max``.
+
 ``relay_executors{org,app,status}`` is read from the registry database at scrape time (``ExecutorsCollector``):
 every status of every registered app, zero included. The worker process exports it (``relay dev`` too): with
 several workers, aggregate it with ``max``, not ``sum``.
@@ -114,6 +118,15 @@ REFUSALS = Counter("relay_refusals", "Executor upgrades refused and handshakes f
                    registry=REGISTRY)
 CONNECTIONS = Gauge("relay_gateway_connections", "Executor sockets held by this gateway process.",
                     registry=REGISTRY)
+REBALANCE_SHED = Counter("relay_gateway_rebalance_shed", "Executor sockets this gateway closed (1012) to even out "
+                         "the live gateways' shares; they reconnect through the load balancer.", registry=REGISTRY)
+REBALANCE_HANDOFFS = Counter("relay_gateway_rebalance_handoffs", "Executors closed to rebalance, by outcome: moved "
+                             "(on another gateway within the handoff: no disconnect recorded); returned (sent back to "
+                             "this one by the load balancer: the shedding pauses); disconnected (not back within it, "
+                             "or this gateway stopped: disconnected as any closed socket).",
+                             ["outcome"], registry=REGISTRY)
+FAIR_SHARE = Gauge("relay_gateway_fair_share", "The live gateways' executor sockets divided by their number, as this "
+                   "gateway last counted them (0 when it is alone or not taking sockets).", registry=REGISTRY)
 MANAGEMENT_REQUESTS = Counter("relay_management_requests", "Workflow management requests to executors, by "
                               "operation and result.", ["operation", "status"], registry=REGISTRY)
 MANAGEMENT_SECONDS = Histogram("relay_management_request_seconds", "Workflow management requests' duration.",
@@ -131,6 +144,61 @@ EXECUTORS_RECONCILED = Counter(
     "relay_executors_reconciled", "Registry rows whose lifecycle workflow was not running (Temporal's state lost, "
     "or the workflow terminated by hand) and was started again from the row, by the row's status.",
     ["org", "app", "status"], registry=REGISTRY)
+
+
+class DesiredExecutors(Collector):
+    """``relay_app_desired_executors{org,app,version}``: the executors each version of an app needs for its
+    autoscaling policy's queue, as last computed (``core.autoscale``); put and removed per app, read at each scrape
+    (from another thread: hence the lock). A computation that began before the app's series were removed (its
+    policy deleted meanwhile) does not bring them back: ``put`` with the ``mark`` taken when it began."""
+
+    NAME = "relay_app_desired_executors"
+    HELP = ("Executors each application version needs for its app's autoscaling policy queue (getAutoscale's "
+            "desiredExecutors), as this gateway last computed it; for an HPA or KEDA to scale executors on.")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._apps: dict[tuple[str, str], dict[str, int]] = {}
+        self._removals = 0
+        self._removed: dict[tuple[str, str], int] = {}  # the app's last removal, as ``_removals`` counted it
+
+    def mark(self) -> int:
+        with self._lock:
+            return self._removals
+
+    def put(self, org: str, app: str, desired: dict[str, int], *, since: int | None = None) -> bool:
+        """The app's series become ``desired`` (version -> executors): a version left out is removed. With
+        ``since`` (a ``mark``), nothing changes if the app was removed after it (False)."""
+        with self._lock:
+            if since is not None and self._removed.get((org, app), -1) > since:
+                return False
+            self._apps[(org, app)] = dict(desired)
+            return True
+
+    def remove(self, org: str, app: str) -> None:
+        with self._lock:
+            self._apps.pop((org, app), None)
+            self._removals += 1
+            self._removed[(org, app)] = self._removals
+
+    def apps(self) -> set[tuple[str, str]]:
+        with self._lock:
+            return set(self._apps)
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["org", "app", "version"])]
+
+    def collect(self) -> Iterable[Metric]:
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["org", "app", "version"])
+        with self._lock:
+            for (org, app), versions in sorted(self._apps.items()):
+                for version, n in sorted(versions.items()):
+                    family.add_metric([org, app, version], n)
+        return [family]
+
+
+DESIRED_EXECUTORS = DesiredExecutors()
+REGISTRY.register(DESIRED_EXECUTORS)
 
 EXECUTORS = "relay_executors"
 EXECUTORS_HELP = "Executors in the registry, by status: every status of every registered app, zero included."

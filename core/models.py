@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event
+from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event, false
 from sqlmodel import Field, SQLModel, create_engine
 
 from core import migrations
@@ -166,9 +166,23 @@ class RecoveryPause(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 
 
+class AutoscalingPolicy(SQLModel, table=True):
+    """An app's autoscaling policy (upstream ``AutoscalePolicy``, ``core.autoscale``): its queue, and the rollout's
+    fields, None where left out. One per app, deleted with it."""
+
+    org: str = Field(primary_key=True)
+    app: str = Field(primary_key=True)
+    queue: str
+    max_old_versions: int | None = None
+    max_old_executors: int | None = None
+    subject: str = "system"
+    updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
+
+
 class RecoveryGate(SQLModel, table=True):
     """An app's recovery gate (``core.gate``): the storm breaker and the last paced slot handed out. Every
-    admission bumps ``version`` first, which takes the row's write lock, so admissions of one app are serialized."""
+    admission locks the row first (inserted if absent, then ``SELECT ... FOR UPDATE``; SQLite's write lock), then
+    bumps ``version``, so admissions of one app are serialized."""
 
     org: str = Field(primary_key=True)
     app: str = Field(primary_key=True)
@@ -210,6 +224,11 @@ class GatewayProcess(SQLModel, table=True):
     started_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
     gone_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     gone_reason: str = ""
+    # What the process last reported to its peers (``gateway.balance``): the executor sockets it held, whether it
+    # took new ones (not draining, not fenced), and when. A row not reported lately is not counted among the live.
+    sockets: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    accepting: bool = Field(default=False, sa_column_kwargs={"server_default": false()})
+    reported_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 PG_CONNECT_TIMEOUT_S = 5

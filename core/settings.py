@@ -116,6 +116,16 @@ class Settings(BaseSettings):
     # second SIGTERM, or a SIGINT, cuts it short. The process exits within about 10 s after it: a stop must allow
     # for both (terminationGracePeriodSeconds, stop_grace_period).
     shutdown_drain_secs: float = Field(default=5, ge=0)
+    # Gateways stay balanced (``gateway.balance``): every check each reports its socket count; one holding more than
+    # its share of the live gateways' sockets by more than half the tolerance (the spread, largest minus smallest,
+    # within the tolerance of the even share) closes the excess with 1012, idle executors only, at most this many a
+    # second and a batch only once the last one was taken in elsewhere. An executor it closed that is not back
+    # (anywhere) within the handoff is disconnected then, as any closed socket: its grace starts that much later.
+    gateway_rebalance: bool = True
+    gateway_rebalance_tolerance: float = Field(default=0.1, gt=0, le=1)
+    gateway_rebalance_per_second: float = Field(default=5, gt=0)
+    gateway_rebalance_check_secs: float = Field(default=5, gt=0)
+    gateway_rebalance_handoff_secs: float = Field(default=10, gt=0)
     # Executor-facing hardening (frames over the limit close with 1009; compression off: memory per idle
     # socket, and no compression oracle on a stream that carries keys in its URL).
     max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
@@ -160,6 +170,10 @@ class Settings(BaseSettings):
     # The reconciliation (``workflows.reconcile``): how often it looks for registry rows whose lifecycle workflow is
     # not running (0: never, but for the round every worker starts at start-up; the schedule is removed).
     reconcile_interval_secs: float = Field(default=60, ge=0)
+    # Autoscaling (``api.autoscaling``): how often each gateway computes, for every app with an autoscaling policy
+    # and an executor on it, the executors each version needs (``relay_app_desired_executors``); 0: never
+    # (getAutoscale still answers, computed when asked).
+    autoscale_interval_secs: float = Field(default=15, ge=0)
 
     @field_validator("data_dir")
     @classmethod
@@ -293,6 +307,14 @@ class Settings(BaseSettings):
         return units.seconds_to_timedelta(self.shutdown_drain_secs)
 
     @property
+    def gateway_rebalance_check(self) -> timedelta:
+        return units.seconds_to_timedelta(self.gateway_rebalance_check_secs)
+
+    @property
+    def gateway_rebalance_handoff(self) -> timedelta:
+        return units.seconds_to_timedelta(self.gateway_rebalance_handoff_secs)
+
+    @property
     def header_timeout(self) -> timedelta:
         return units.seconds_to_timedelta(self.header_timeout_secs)
 
@@ -323,6 +345,10 @@ class Settings(BaseSettings):
     @property
     def reconcile_interval(self) -> timedelta:
         return units.seconds_to_timedelta(self.reconcile_interval_secs)
+
+    @property
+    def autoscale_interval(self) -> timedelta:
+        return units.seconds_to_timedelta(self.autoscale_interval_secs)
 
 
 def _from_file(name: str, value: str | None, path: Path) -> str:

@@ -24,7 +24,7 @@ class Connection:
     """One executor socket, after its handshake."""
 
     __slots__ = ("connection_id", "key_id", "app_id", "org", "app", "executor_id", "session", "signal", "landed",
-                 "_send", "_close", "_widen", "_wide", "_waiters", "_operator")
+                 "shed", "_send", "_close", "_widen", "_wide", "_waiters", "_operator")
 
     def __init__(self, *, connection_id: str, org: str, app: str, executor_id: str, session: sm.Session,
                  send: Send, close: Close, key_id: str = "", app_id: str = "", widen: Widen | None = None) -> None:
@@ -41,6 +41,8 @@ class Connection:
         # Whether that signal has landed in Temporal: reconciliation resends only what landed (one still being sent
         # lands by itself, and a second copy would only cost Temporal a signal and a workflow task).
         self.landed = False
+        # Closed by its gateway to even out the gateways' shares (``gateway.balance``): its disconnect is held back.
+        self.shed = False
         self._send = send
         self._close = close
         self._widen = widen
@@ -49,6 +51,11 @@ class Connection:
         # Operators' requests go to the executor one at a time: the SDKs answer one request at a time, so a
         # recovery sent meanwhile waits behind at most one of them, not behind a crowd queued in the SDK.
         self._operator = asyncio.Lock()
+
+    @property
+    def idle(self) -> bool:
+        """No request in flight on it, and no operator's request waiting for its turn."""
+        return not self._waiters and not self._operator.locked()
 
     async def request(self, request_id: str, frame: str, *, timeout: timedelta, large_reply: bool = False
                       ) -> sm.Reply:

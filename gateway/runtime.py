@@ -31,6 +31,7 @@ from core.store import Move, RowSeen, Store
 from gateway import revocation
 from gateway.activities import HubActivities
 from gateway.admission import Admission
+from gateway.balance import Balancer
 from gateway.contact import Change, Contact, ContactState
 from gateway.hub import Connection, Hub
 from gateway.management import Management
@@ -138,6 +139,9 @@ class Gateway:
         self.contact_state = ContactState(fence_after=settings.gateway_fence)
         self.management = Management(settings=settings, store=store, hub=self.hub, client=client,
                                      task_queue=self.task_queue)
+        self.balancer = Balancer(settings=settings, store=store, hub=self.hub, task_queue=self.task_queue,
+                                 accepting=lambda: not (self.draining or self.fenced),
+                                 disconnect=self.spawn_disconnected)
         # A process runs one gateway (tests build several: the gauge follows the newest).
         metrics.CONNECTIONS.set_function(lambda: len(self.hub))
 
@@ -165,6 +169,7 @@ class Gateway:
         close them with 1012 so they reconnect through it to another gateway. ``cut_short`` (a second SIGTERM, a
         SIGINT) ends the wait early. Retiring comes after this, once uvicorn has stopped (``retire``)."""
         self.draining = True
+        await self.balancer.stop()
         log.info("shutting down: not ready, upgrades refused; keeping %d executor sockets for %g s, then closing "
                  "them", len(self.hub), drain.total_seconds())
         with contextlib.suppress(TimeoutError):
@@ -395,6 +400,15 @@ class Gateway:
         if move == Move.WRITTEN:
             _since_handshake("moved", signal)
 
+    def socket_closed(self, conn: Connection) -> None:
+        """A registered executor socket closed: out of the hub, then its ``disconnected``, held back for the handoff
+        when this gateway closed it to rebalance (``gateway.balance``), unless it is stopping."""
+        self.hub.detach(conn)
+        if conn.shed and not self.draining:
+            self.balancer.hand_off(conn)
+        else:
+            self.spawn_disconnected(conn.org, conn.app, conn.executor_id, conn.connection_id)
+
     def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
         """Signal ``disconnected`` in the background (with retries) so closing a socket never waits on it."""
         signal = DisconnectedSignal(connection_id=connection_id, signal_id=str(uuid.uuid4()), at=datetime.now(UTC))
@@ -462,7 +476,7 @@ class Gateway:
         retires."""
         async with (self.registered(), self.worker(),
                     revocation.watch(store=self.store, hub=self.hub, admission=self.admission),
-                    self.contact().running(), self.watched()):
+                    self.contact().running(), self.watched(), self.balancer.running()):
             log.info("gateway ready; socket-bound activities on task queue %s", self.task_queue)
             yield
             await self.close_all()
@@ -503,7 +517,8 @@ class Gateway:
             await conn.close(code, reason)
 
     async def drain(self, timeout: timedelta = timedelta(seconds=10)) -> None:
-        """Wait for in-flight ``disconnected`` signals before the process exits."""
+        """Wait for in-flight ``disconnected`` signals (held-back ones sent first) before the process exits."""
+        await self.balancer.stop()
         if self._background:
             await asyncio.wait(list(self._background), timeout=timeout.total_seconds())
 

@@ -31,6 +31,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState
 from websockets.http11 import Request, Response
+from websockets.protocol import State
 
 from core import metrics, units
 from core.errors import (
@@ -392,6 +393,18 @@ class ExecutorSocket(LivenessProtocol):
     def _flush(self) -> None:
         self.transport.write(b"".join(self.conn.data_to_send()))
 
+    def shutdown(self) -> None:
+        """The server shuts down (uvicorn calls this on every connection it still lists). uvicorn's own answers an
+        open socket with a close frame; but one whose executor closed first was answered already (``handle_close``
+        closed its transport, and it stays listed until ``connection_lost``, a turn later): websockets refuses a
+        second close there (``InvalidState``), and that exception, out of the server's shutdown, left the gateway
+        process hanging on SIGTERM instead of shutting its lifespan down."""
+        if self.handshake_complete and not self.close_sent and self.conn.state is not State.OPEN:
+            self.stop_keepalive()
+            self.transport.close()
+            return
+        super().shutdown()
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
         if self.session is None and self.held_key is None:
@@ -410,8 +423,7 @@ class ExecutorSocket(LivenessProtocol):
             self.held_key = None
 
     def _gone(self, gw: Gateway, conn: Connection) -> None:
-        gw.hub.detach(conn)
-        gw.spawn_disconnected(conn.org, conn.app, conn.executor_id, conn.connection_id)
+        gw.socket_closed(conn)
 
 
 class _Unknown(Exception):

@@ -144,3 +144,11 @@ def existing_tables() -> set[str]:
     if context.is_offline_mode():
         return set()
     return set(sa.inspect(op.get_bind()).get_table_names())
+
+
+def existing_columns(table: str) -> set[str]:
+    """A table's columns, for a revision that adds only what is missing (``existing_tables``' reasoning: offline, the
+    script starts from the revision before, which has none of the columns it adds)."""
+    if context.is_offline_mode():
+        return set()
+    return {column["name"] for column in sa.inspect(op.get_bind()).get_columns(table)}

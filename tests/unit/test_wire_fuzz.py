@@ -453,8 +453,9 @@ class FakeGateway:
         self.connected.append(signal)
         return True
 
-    def spawn_disconnected(self, org: str, app: str, executor_id: str, connection_id: str) -> None:
-        self.disconnected.append(connection_id)
+    def socket_closed(self, conn: Connection) -> None:
+        self.hub.detach(conn)
+        self.disconnected.append(conn.connection_id)
 
     def spawn(self, work: Awaitable[object]) -> None:
         self.background.append(asyncio.ensure_future(work))
@@ -639,3 +640,17 @@ async def test_a_socket_gone_while_being_admitted_gives_its_key_slot_back(leaves
         protocol.connection_lost(None)
         await asyncio.wait_for(opening, 5)
         assert gw.admission.open_connections("key-1") == 0
+
+
+async def test_a_server_shutdown_right_after_the_executors_own_close_does_not_raise() -> None:
+    """The executor closes first: the socket answers its close and closes its transport, and the connection stays on
+    the server's list until ``connection_lost`` comes on a later turn. A shutdown in between (SIGTERM) must not send
+    a second close: websockets refuses (``InvalidState``), and the exception out of the server's shutdown left the
+    gateway process hanging instead of shutting its lifespan down."""
+    gw = FakeGateway()
+    peer, _ = await _registered(gw)
+    peer.client.send_close(1000, "bye")
+    peer.protocol.data_received(b"".join(peer.client.data_to_send()))
+    assert peer.protocol.conn.state is not State.OPEN
+    peer.protocol.shutdown()  # raised InvalidState
+    assert peer.transport.closing
