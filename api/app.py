@@ -10,8 +10,21 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from temporalio.client import Client
 
-from api import problems
-from api.routes import alerts, apps, docs, health, metrics, queues, safety, schedules, unsupported, versions, workflows
+from api import autoscaling, problems
+from api.routes import (
+    alerts,
+    apps,
+    autoscale,
+    docs,
+    health,
+    metrics,
+    queues,
+    safety,
+    schedules,
+    unsupported,
+    versions,
+    workflows,
+)
 from core.logs import install_redaction
 from core.models import open_engine
 from core.settings import Settings
@@ -24,7 +37,7 @@ log = logging.getLogger("relay.gateway")
 
 def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Client | None = None) -> FastAPI:
     """The app of one gateway process. Its lifespan opens the store, connects to Temporal, builds the ``Gateway``
-    and runs its worker, revocation watcher, contact monitor and watch.
+    and runs its worker, revocation watcher, contact monitor and watch, and the autoscaling gauge's refresher.
 
     Args:
         settings: The process's settings.
@@ -43,7 +56,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Cl
                           client=client or await connect(temporal_connection(settings)))
         app.state.store = store
         app.state.gateway = gateway
-        async with gateway.serving():
+        async with gateway.serving(), autoscaling.refreshing(gateway):
             yield
         store.engine.dispose()
 
@@ -65,6 +78,7 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Cl
     app.include_router(metrics.router)
     app.include_router(workflows.router)
     app.include_router(queues.router)
+    app.include_router(autoscale.router)
     app.include_router(schedules.router)
     app.include_router(versions.router)
     app.include_router(safety.router)

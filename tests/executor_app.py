@@ -15,6 +15,10 @@ GATE_DIR/<id> exists, then finishing), QUEUED_WORKFLOWS (the same, enqueued on t
 concurrency 1, so all but the first wait ENQUEUED), THREE_STEPS (ids run to completion at launch: three steps,
 each logged to STEP_LOG as "<pid> <workflow id> <step>"), BIG_WORKFLOWS (ids run at launch with an input and an
 output of BIG_BYTES characters each) and SCHEDULE (a schedule of that name, hourly, for ``scheduled``).
+
+For autoscaling tests: SCALED_QUEUE ("<name>:<worker_concurrency>", registered so), SCALED_WORKFLOWS (ids enqueued on
+it, gated as GATED_WORKFLOWS are, so all but worker_concurrency of them wait ENQUEUED) and PARTITIONED_QUEUE (a queue
+of that name with a partition limit).
 """
 
 from __future__ import annotations
@@ -126,6 +130,14 @@ if __name__ == "__main__":
     for queued_id in _ids("QUEUED_WORKFLOWS"):
         with SetWorkflowID(queued_id):
             serial.enqueue(gated)
+    if os.environ.get("SCALED_QUEUE"):
+        scaled_name, worker_concurrency = os.environ["SCALED_QUEUE"].rsplit(":", 1)
+        scaled = DBOS.register_queue(scaled_name, worker_concurrency=int(worker_concurrency))
+        for scaled_id in _ids("SCALED_WORKFLOWS"):
+            with SetWorkflowID(scaled_id):
+                scaled.enqueue(gated)
+    if os.environ.get("PARTITIONED_QUEUE"):
+        DBOS.register_queue(os.environ["PARTITIONED_QUEUE"], partition_concurrency=1)
     for three_id in _ids("THREE_STEPS"):
         with SetWorkflowID(three_id):
             three_steps()

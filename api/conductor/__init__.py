@@ -1,7 +1,7 @@
 """The mapping between the DBOS SDKs' conductor messages and the upstream Conductor REST schemas, one module per
 resource: ``workflows`` (with a workflow's events, notifications and streams), ``steps``, ``queues``,
-``schedules``, ``versions``, ``metrics``, ``aggregates`` and ``bulk`` (upstream's bulk actions and Relay's by
-filter), on what ``common`` shares. This package re-exports each of them, so routes read ``c.Workflow``.
+``schedules``, ``versions``, ``metrics``, ``aggregates``, ``autoscale`` and ``bulk`` (upstream's bulk actions and
+Relay's by filter), on what ``common`` shares. This package re-exports each of them, so routes read ``c.Workflow``.
 
 The SDKs answer in their own shapes (``dbos/_conductor/protocol.py`` in the Python SDK): ``WorkflowsOutput`` has
 PascalCase fields and carries every number and instant as a string (``CreatedAt`` is ``str(epoch_ms)``), steps
@@ -26,6 +26,16 @@ from api.conductor.aggregates import (
     step_aggregates_body,
     workflow_aggregate_of,
     workflow_aggregates_body,
+)
+from api.conductor.autoscale import (
+    AutoscalePolicy,
+    PolicyOutputBody,
+    QueueAutoscale,
+    RolloutPolicy,
+    policy_from_body,
+    policy_output,
+    queue_autoscale_of,
+    queue_facts_of,
 )
 from api.conductor.bulk import (
     FIRST_IDS,
@@ -132,6 +142,7 @@ from api.conductor.workflows import (
 
 __all__ = [
     "ApplicationVersion",
+    "AutoscalePolicy",
     "BackfillInputBody",
     "BackfillOutputBody",
     "BackfillReply",
@@ -180,8 +191,11 @@ __all__ = [
     "PAGE_EXTENDED",
     "PageLimit",
     "PatchLatestVersionInputBody",
+    "PolicyOutputBody",
     "Queue",
+    "QueueAutoscale",
     "ResumeWorkflowInputBody",
+    "RolloutPolicy",
     "Schedule",
     "SdkEvent",
     "SdkMetric",
@@ -223,6 +237,10 @@ __all__ = [
     "list_body_of_search",
     "metric_of",
     "notification_of",
+    "policy_from_body",
+    "policy_output",
+    "queue_autoscale_of",
+    "queue_facts_of",
     "queue_of",
     "schedule_of",
     "step_aggregate_of",

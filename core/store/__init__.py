@@ -11,7 +11,8 @@ concern, each a module of this package:
 - ``gate``: drain, pause and the recovery gate (``core.gate``);
 - ``audit``: the audit log and its subjects;
 - ``retention``: workflow retention rounds;
-- ``alerts``: alerting rules and their evaluation.
+- ``alerts``: alerting rules and their evaluation;
+- ``autoscale``: autoscaling policies.
 
 Methods are synchronous (SQLAlchemy); async callers run them through ``Store.call``.
 """
@@ -21,6 +22,7 @@ from __future__ import annotations
 from core.store.alerts import AlertsStore
 from core.store.apps import AppsStore
 from core.store.audit import API_KEY_SUBJECT, SYSTEM_SUBJECT, TOKEN_OPERATIONS, AuditStore, subject_of, subject_of_key
+from core.store.autoscale import AutoscaleStore
 from core.store.base import KEY_PREFIX, Principal, _SerialThread, hash_key, outage, unavailable
 from core.store.claims import MANAGEMENT_CLAIM_TTL, Candidates, ClaimsStore
 from core.store.gate import _TICKETS, TICKETS_KEPT, GateStore
@@ -37,7 +39,8 @@ from core.store.registry import (
 from core.store.retention import RetentionStore
 
 
-class Store(KeysStore, AppsStore, RegistryStore, ClaimsStore, GateStore, AuditStore, RetentionStore, AlertsStore):
+class Store(KeysStore, AppsStore, RegistryStore, ClaimsStore, GateStore, AuditStore, RetentionStore, AlertsStore,
+            AutoscaleStore):
     """Relay's database: every part above, on one engine."""
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import delete as sa_delete
-from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, or_, select
 
 from core import units
@@ -14,6 +13,7 @@ from core.models import (
     AlertingRule,
     Application,
     AuditLog,
+    AutoscalingPolicy,
     Executor,
     ExecutorDrain,
     RecoveryGate,
@@ -21,7 +21,9 @@ from core.models import (
     RecoveryTicket,
 )
 from core.store.audit import subject_of
-from core.store.base import Principal, StoreBase, app_row, check_key, find_app
+from core.store.base import InsertOnce, Principal, StoreBase, app_row, check_key, find_app
+
+_APPS = InsertOnce(Application, "org", "name")
 
 
 class AppsStore(StoreBase):
@@ -49,17 +51,12 @@ class AppsStore(StoreBase):
             row = find_app(s, org, name)
             if row is not None:
                 return row, False
-            app = Application(org=org, name=name, private_mode=bool(private_mode))
-            s.add(app)
+            if not _APPS(s.connection(), Application(org=org, name=name, private_mode=bool(private_mode))):
+                return app_row(s, org, name), False  # registered meanwhile by another connection
             s.add(AuditLog(org=org, app=name, operation="app.registered", subject=subject,
                            source_ip=source_ip, details={"app": name}))
-            try:
-                s.commit()
-            except IntegrityError:  # registered concurrently by another connection
-                s.rollback()
-                return self.get_app(org, name), False
-            s.refresh(app)
-            return app, True
+            s.commit()
+            return app_row(s, org, name), True
 
     def update_app(self, org: str, name: str, changes: dict[str, Any], *, subject: str,
                    source_ip: str = "") -> Application:
@@ -93,7 +90,8 @@ class AppsStore(StoreBase):
                    orphans: list[str], details: dict[str, Any]) -> None:
         """Delete the app's row (audited), the registry rows of ``orphans`` (executors whose lifecycle workflow is
         gone, so nothing else will ever delete them), and what belongs to the app alone: its drains, pause, recovery
-        gate and tickets, and its alerting rules (an app registered again under the name starts afresh)."""
+        gate and tickets, its autoscaling policy, and its alerting rules (an app registered again under the name
+        starts afresh)."""
         with Session(self.engine) as s:
             app = app_row(s, org, name)
             s.delete(app)
@@ -101,7 +99,7 @@ class AppsStore(StoreBase):
                 row = s.get(Executor, (org, name, executor_id))
                 if row is not None:
                     s.delete(row)
-            for table in (ExecutorDrain, RecoveryPause, RecoveryGate, RecoveryTicket):
+            for table in (ExecutorDrain, RecoveryPause, RecoveryGate, RecoveryTicket, AutoscalingPolicy):
                 s.execute(sa_delete(table).where(col(table.org) == org, col(table.app) == name))
             s.execute(sa_delete(AlertingRule).where(or_(col(AlertingRule.app_id) == app.id,
                                                         col(AlertingRule.receiving_app_id) == app.id)))

@@ -25,7 +25,7 @@ from api.schemas import TOKEN_NAME_MAX
 from core.models import ApiKey
 from core.store import KEY_PREFIX, hash_key
 from tests.api.conftest import Api
-from tests.api.test_management import FakeManagement, install
+from tests.api.test_management import QUEUE, FakeManagement, install
 from tests.quick import QUICK, examples
 
 SPEC = Path(__file__).parents[2] / "api" / "spec" / "openapi.json"
@@ -82,7 +82,10 @@ def fuzz_key(api: Api) -> str:
     with Session(api.store.engine) as s:
         s.add(ApiKey(org=FUZZ_ORG, name=FUZZ_KEY_NAME, key_hash=hash_key(FUZZ_KEY)))
         s.commit()
-    install(api, FakeManagement())  # management routes answer as a dbos executor would, whatever they are sent
+    # Management routes answer as a dbos executor would, whatever they are sent; its queues have a worker_concurrency,
+    # so an autoscaling policy naming any of them is valid (one without is a 422 the schema cannot state).
+    install(api, FakeManagement(replies={"get_queue": lambda f: {"output": {**QUEUE, "name": f["name"],
+                                                                            "worker_concurrency": 1}}}))
     APP.app = api.app
     return FUZZ_KEY
 

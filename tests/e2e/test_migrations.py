@@ -16,7 +16,9 @@ from core.models import Application, make_engine, open_engine
 from core.settings import DatabasePool, Settings
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.unit.test_migrations import (
+    check_autoscaling_policies_added,
     check_filled,
+    check_gateway_reports_added,
     check_management_claims_move,
     fill,
     legacy_create_all,
@@ -121,3 +123,11 @@ def test_settings_from_the_environment(cluster: PostgresCluster, monkeypatch: py
 
 def test_management_claims_move_to_their_own_table(cluster: PostgresCluster) -> None:
     check_management_claims_move(cluster.create_database("claims"))
+
+
+def test_gateway_reports_are_added_to_known_processes(cluster: PostgresCluster) -> None:
+    check_gateway_reports_added(cluster.create_database("reports"))
+
+
+def test_autoscaling_policies_get_their_table(cluster: PostgresCluster) -> None:
+    check_autoscaling_policies_added(cluster.create_database("autoscaling"))

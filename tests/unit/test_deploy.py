@@ -17,12 +17,15 @@ import yaml  # type: ignore[import-untyped,unused-ignore]
 
 from api.app import create_app
 from core import metrics
+from core.names import APP_PATTERN, ORG_PATTERN
 from core.settings import Settings
 from tests.support import starts_processes
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 COMPOSE = DEPLOY / "compose" / "compose.yaml"
 HAPROXY_CFG = DEPLOY / "haproxy" / "haproxy.cfg"
+# An example for executors (KEDA's CRDs), not part of the base: kustomization.yaml leaves it out.
+KEDA = DEPLOY / "kubernetes" / "keda-scaledobject.yaml"
 HAPROXY = Path("/usr/sbin/haproxy")
 RELAY_IMAGE = "ghcr.io/relay-dev/relay"
 PING_WAIT = Settings().executor_ping_wait
@@ -248,8 +251,39 @@ def test_grafana_provisions_the_dashboard(compose: dict[str, Any]) -> None:
 
 def test_kustomization_lists_every_manifest() -> None:
     kustomization = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
-    files = {p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")} - {"kustomization.yaml"}
+    files = {p.name for p in (DEPLOY / "kubernetes").glob("*.yaml")} - {"kustomization.yaml", KEDA.name}
     assert set(kustomization["resources"]) == files
+
+
+def test_the_keda_example_scales_an_executor_deployment_on_the_desired_executors_gauge() -> None:
+    """The ScaledObject's query names the gauge Relay exports, with exactly its labels, aggregated with ``max`` over
+    the gateways; one replica per unit of it; the base leaves it out (it needs KEDA's CRDs)."""
+    [scaled] = documents(KEDA)
+    assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    target = scaled["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"]) == ("apps/v1", "Deployment") and target["name"]
+    assert 1 <= scaled["spec"]["minReplicaCount"] <= scaled["spec"]["maxReplicaCount"]
+    [trigger] = scaled["spec"]["triggers"]
+    assert (trigger["type"], trigger["metricType"]) == ("prometheus", "AverageValue")
+    meta = trigger["metadata"]
+    assert float(meta["threshold"]) == 1 and meta["ignoreNullValues"] == "true"
+    assert meta["serverAddress"].startswith("http")
+    found = re.fullmatch(r'max\((?P<name>[a-z_]+)\{(?P<labels>[^}]*)\}\)', meta["query"])
+    assert found, meta["query"]
+    assert found["name"] == metrics.DESIRED_EXECUTORS.NAME and found["name"] in metrics.exported_names()
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', found["labels"]))
+    [family] = metrics.DESIRED_EXECUTORS.describe()
+    gauge_labels = {"org", "app", "version"}
+    metrics.DESIRED_EXECUTORS.put("test_org", "test-app", {"v9": 2})
+    try:
+        [sample] = [s for f in metrics.DESIRED_EXECUTORS.collect() for s in f.samples
+                    if s.labels.get("app") == "test-app"]
+    finally:
+        metrics.DESIRED_EXECUTORS.remove("test_org", "test-app")
+    assert family.type == "gauge" and set(sample.labels) == gauge_labels == set(labels), (sample, labels)
+    assert re.fullmatch(APP_PATTERN, labels["app"]) and re.fullmatch(ORG_PATTERN, labels["org"])
+    kustomization = yaml.safe_load((DEPLOY / "kubernetes" / "kustomization.yaml").read_text())
+    assert KEDA.name not in kustomization["resources"]
 
 
 def test_kubernetes_objects(manifests: list[dict[str, Any]]) -> None:

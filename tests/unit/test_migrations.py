@@ -19,7 +19,16 @@ from sqlalchemy import Engine, create_engine, inspect, text
 from sqlmodel import Session, SQLModel, select
 
 from core import migrations
-from core.models import ApiKey, Application, AuditLog, Executor, ManagementClaim, RecoveryClaim, make_engine
+from core.models import (
+    ApiKey,
+    Application,
+    AuditLog,
+    AutoscalingPolicy,
+    Executor,
+    ManagementClaim,
+    RecoveryClaim,
+    make_engine,
+)
 from tests.support import starts_processes
 from workflows.contracts.common import ExecutorStatus
 
@@ -274,11 +283,59 @@ def test_processes_adopting_one_legacy_database_at_once(tmp_path: Path) -> None:
     engine.dispose()
 
 
+def check_gateway_reports_added(url: str) -> None:
+    """0007 on a database at 0006 holding a gateway process: its row gains the report columns as one that has not
+    reported (0 sockets, not accepting, never); a downgrade drops them and keeps the row."""
+    migrate_to(url, "0006")
+    engine = create_engine(url)
+    with engine.begin() as c:
+        c.execute(text("INSERT INTO gatewayprocess (queue, identity, started_at, gone_reason) "
+                       "VALUES ('relay-gateway-a', 'gateway-1', :at, '')"), {"at": datetime(2026, 12, 6, tzinfo=UTC)})
+    migrate_to(url, "0007")
+    with engine.connect() as c:
+        assert c.execute(text("SELECT queue, sockets, accepting, reported_at FROM gatewayprocess")).all() == [
+            ("relay-gateway-a", 0, False, None)]
+    migrate_to(url, "0006", down=True)
+    assert {col["name"] for col in inspect(engine).get_columns("gatewayprocess")} == {
+        "queue", "identity", "started_at", "gone_at", "gone_reason"}
+    with engine.connect() as c:
+        assert c.execute(text("SELECT queue FROM gatewayprocess")).scalars().all() == ["relay-gateway-a"]
+    engine.dispose()
+
+
+def test_gateway_reports_are_added_to_known_processes(tmp_path: Path) -> None:
+    check_gateway_reports_added(f"sqlite:///{tmp_path / 'relay.db'}")
+
+
+def check_autoscaling_policies_added(url: str) -> None:
+    """0008 on a database at 0007: ``autoscalingpolicy`` is created, and a policy written through the model reads
+    back as written; a downgrade drops the table."""
+    migrate_to(url, "0007")
+    engine = create_engine(url)
+    assert "autoscalingpolicy" not in inspect(engine).get_table_names()
+    migrate_to(url, "0008")
+    with Session(engine) as s:
+        s.add(AutoscalingPolicy(org=ORG, app="orders", queue="work", max_old_versions=1))
+        s.commit()
+    with Session(engine) as s:
+        row = s.exec(select(AutoscalingPolicy)).one()
+        assert (row.org, row.app, row.queue, row.max_old_versions, row.max_old_executors) == (
+            ORG, "orders", "work", 1, None)
+        assert row.updated_at.tzinfo is not None
+    migrate_to(url, "0007", down=True)
+    assert "autoscalingpolicy" not in inspect(engine).get_table_names()
+    engine.dispose()
+
+
+def test_autoscaling_policies_get_their_table(tmp_path: Path) -> None:
+    check_autoscaling_policies_added(f"sqlite:///{tmp_path / 'relay.db'}")
+
+
 def test_the_scripts_ship_inside_the_package() -> None:
     """Alembic finds the revisions next to the installed ``core.migrations`` (package data, not the checkout)."""
     assert (migrations.SCRIPT_LOCATION / "env.py").is_file()
     assert (migrations.SCRIPT_LOCATION / "script.py.mako").is_file()
-    assert migrations.heads() == frozenset({"0006"})
+    assert migrations.heads() == frozenset({"0008"})
 
 
 def test_management_claims_move_to_their_own_table(tmp_path: Path) -> None:
