@@ -3,14 +3,14 @@ filter, with their per-workflow results."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from api.conductor.common import Names, NotNull, OptStr, OptTime, SdkReply, WorkflowIdsOutput, sdk_fields
 from api.conductor.workflows import StartStep
-from api.schemas import EXTENSION, InputBody
+from api.schemas import EXTENSION, InputBody, extended
 
 # -- upstream bulk actions ------------------------------------------------------------------------------------------
 
@@ -39,11 +39,24 @@ class BulkResumeInputBody(BulkInputBody):
     queueName: OptStr = None
 
 
-class ForkOptions(InputBody):
-    """Where each fork starts (at most one of the four, as upstream says; the executor refuses more, 502), and
-    where it runs."""
+# Where a fork starts: exactly one of these. Upstream calls them mutually exclusive, and every SDK also needs one
+# (dbos 3.2.0's ``SystemDatabase.fork_from_failure`` raises ValueError for none or several; TypeScript's, Go's and
+# Java's refuse them too), so Relay refuses any other count rather than send it to fail on the executor (a 502).
+# A flag counts when true.
+START_FLAGS = ("fromLastFailure", "fromLastStep")
+START_FIELDS = ("fromStep", "fromStepName")
+_ONE_START: dict[str, Any] = {"oneOf": [
+    {"required": [f], "properties": {f: {"enum": [True]}}} for f in START_FLAGS] + [
+    {"required": [f]} for f in START_FIELDS]}
+STARTS = "fromLastFailure: true, fromLastStep: true, fromStep, fromStepName"
+ONE_START = f"give exactly one of {STARTS}"
 
-    model_config = ConfigDict(json_schema_extra=EXTENSION)  # a schema of its own only in bulk-fork-by-filter
+
+class ForkOptions(InputBody):
+    """Where each fork starts (exactly one of the four), and where it runs."""
+
+    # A schema of its own only in bulk-fork-by-filter.
+    model_config = ConfigDict(json_schema_extra={**EXTENSION, **_ONE_START})
 
     fromLastFailure: bool = False
     fromLastStep: bool = False
@@ -53,19 +66,32 @@ class ForkOptions(InputBody):
     queueName: OptStr = None
     queuePartitionKey: OptStr = None
 
+    @model_validator(mode="after")
+    def _one_start(self) -> Self:
+        given = [f for f in START_FLAGS if getattr(self, f)] + [f for f in START_FIELDS if getattr(self, f) is not None]
+        if len(given) != 1:
+            said = "none was given" if not given else f"{', '.join(given[:-1])} and {given[-1]} were given"
+            raise ValueError(f"{ONE_START}; {said}")
+        return self
+
 
 class BulkForkFromFailureBody(ForkOptions):
     """Upstream ``BulkForkFromFailureBody``."""
 
-    model_config = ConfigDict(json_schema_extra={})  # upstream's: not an extension
+    # Upstream's, not an extension; it says the four are mutually exclusive, Relay also needs one of them.
+    model_config = ConfigDict(json_schema_extra={**_ONE_START, **extended(f"exactly one of {STARTS} (upstream: at "
+                                                                            "most one)")})
 
     workflowIds: list[str]
 
 
 def fork_from_failure_body(workflow_ids: list[str], body: ForkOptions) -> dict[str, Any]:
+    """``from_step`` and ``from_step_name`` only when given: TypeScript's SDK counts a null one as given
+    (``fromStep !== undefined`` in its ``forkFromFailure``), so nulls would make every request name several starts."""
     return {"workflow_ids": workflow_ids, "application_version": body.appVersion, "queue_name": body.queueName,
             "queue_partition_key": body.queuePartitionKey, "from_last_failure": body.fromLastFailure,
-            "from_last_step": body.fromLastStep, "from_step": body.fromStep, "from_step_name": body.fromStepName}
+            "from_last_step": body.fromLastStep,
+            **sdk_fields(body, {"fromStep": "from_step", "fromStepName": "from_step_name"})}
 
 
 # -- Relay extension: bulk actions by filter ------------------------------------------------------------------------
@@ -117,7 +143,14 @@ class BulkResumeByFilterBody(BulkFilter):
 
 
 class BulkForkByFilterBody(BulkFilter):
-    fork: ForkOptions = Field(default_factory=ForkOptions, description="bulkForkWorkflowsFromFailure's options")
+    # The example is also where schemathesis' coverage phase starts (tests/api/test_fuzz.py): without one it finds no
+    # valid body (an anyOf around a required object that is a oneOf), and tests the path parameters with an invalid
+    # one as if it were valid.
+    model_config = ConfigDict(json_schema_extra={**_FILTER_SCHEMA, "examples": [
+        {"status": ["ERROR"], "fork": {"fromLastFailure": True}}]})
+
+    fork: ForkOptions = Field(description="bulkForkWorkflowsFromFailure's options; needed even for a dry run, which "
+                                          "previews the same request")
 
 
 def filter_list_body(body: BulkFilter, *, limit: int) -> dict[str, Any]:

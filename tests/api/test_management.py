@@ -654,10 +654,11 @@ async def test_the_cli_says_an_unknown_workflow_is_not_found(env: Env, monkeypat
 
 async def test_bulk_operations_naming_an_unknown_id_change_nothing(env: Env) -> None:
     env.fake.replies.update(as_dbos_3_2_for({"a", "b"}))
-    for path in ("bulk-cancel", "bulk-resume", "bulk-delete", "bulk-fork-from-failure"):
+    for path, options in [("bulk-cancel", {}), ("bulk-resume", {}), ("bulk-delete", {}),
+                          ("bulk-fork-from-failure", {"fromLastFailure": True})]:
         env.fake.sent.clear()
-        problem = assert_problem(await env.client.post(f"{BASE}/workflows/{path}",
-                                                       json={"workflowIds": ["a", "nosuch", "b", "gone"]}), 404)
+        problem = assert_problem(await env.client.post(f"{BASE}/workflows/{path}", json={
+            "workflowIds": ["a", "nosuch", "b", "gone"], **options}), 404)
         assert problem["detail"] == "2 of the 4 workflows not found, so none was changed: 'nosuch', 'gone'"
         assert [s.kind for s in env.fake.sent] == ["list_workflows"]
     assert (await env.client.post(f"{BASE}/workflows/bulk-cancel", json={"workflowIds": ["a", "b"]})).status_code \
@@ -727,11 +728,57 @@ async def test_bulk_size_is_capped(env: Env, small_cap: int) -> None:
     problem = assert_problem(await env.client.post(f"{BASE}/workflows/bulk-cancel",
                                                    json={"workflowIds": ["a", "b", "c", "d"]}), 422)
     assert problem["errors"][0]["location"] == "body.workflowIds"
-    assert_problem(await env.client.post(f"{BASE}/workflows/bulk-fork-from-failure",
-                                         json={"workflowIds": ["a", "b", "c", "d"]}), 422)
+    problem = assert_problem(await env.client.post(f"{BASE}/workflows/bulk-fork-from-failure",
+                                                   json={"workflowIds": ["a", "b", "c", "d"], "fromStep": 2}), 422)
+    assert problem["errors"][0]["location"] == "body.workflowIds"
     assert env.fake.sent == []
     assert (await env.client.post(f"{BASE}/workflows/bulk-cancel",
                                   json={"workflowIds": ["a", "b", "c", "c"]})).status_code == 204
+
+
+ONE_START = "give exactly one of fromLastFailure: true, fromLastStep: true, fromStep, fromStepName"
+
+
+@pytest.mark.parametrize(("path", "body", "location", "message"), [
+    ("bulk-fork-from-failure", {"workflowIds": ["a"]}, "body", f"{ONE_START}; none was given"),
+    ("bulk-fork-from-failure", {"workflowIds": ["a"], "fromLastFailure": False, "fromLastStep": False}, "body",
+     f"{ONE_START}; none was given"),
+    ("bulk-fork-from-failure", {"workflowIds": ["a"], "fromLastStep": True, "fromStep": 2}, "body",
+     f"{ONE_START}; fromLastStep and fromStep were given"),
+    ("bulk-fork-from-failure", {"workflowIds": [], "fromLastFailure": True, "fromLastStep": True, "fromStep": 0,
+                                "fromStepName": "s"}, "body",
+     f"{ONE_START}; fromLastFailure, fromLastStep, fromStep and fromStepName were given"),
+    ("bulk-fork-by-filter", {"status": ["ERROR"], "fork": {"appVersion": "v2"}}, "body.fork",
+     f"{ONE_START}; none was given"),
+    ("bulk-fork-by-filter", {"status": ["ERROR"], "dryRun": True, "fork": {"fromStep": 1, "fromStepName": "s"}},
+     "body.fork", f"{ONE_START}; fromStep and fromStepName were given"),
+    ("bulk-fork-by-filter", {"status": ["ERROR"]}, "body.fork", "Field required"),
+])
+async def test_a_fork_from_failure_needs_exactly_one_start(env: Env, path: str, body: dict[str, Any], location: str,
+                                                           message: str) -> None:
+    """Every SDK refuses a fork from failure with none, or more than one, of its four starts (dbos 3.2.0 with a
+    ValueError, which came back as a 502): Relay refuses it, naming them, and sends nothing, audits nothing."""
+    audited = len(env.api.store.list_audit(ORG, app=APP, limit=1000))
+    problem = assert_problem(await env.client.post(f"{BASE}/workflows/{path}", json=body), 422)
+    assert problem["detail"] == f"{location}: {message}"
+    assert [(e["location"], e["message"].removeprefix("Value error, ")) for e in problem["errors"]] \
+        == [(location, message)]
+    assert env.fake.sent == []
+    assert len(env.api.store.list_audit(ORG, app=APP, limit=1000)) == audited
+
+
+async def test_a_fork_from_failure_sends_only_the_start_given(env: Env) -> None:
+    """A false flag beside the one start is no second start (the SDKs count flags when true); a step number of 0
+    is one. No null ``from_step`` or ``from_step_name`` is sent: TypeScript's SDK would count it as given."""
+    cases: list[tuple[dict[str, Any], dict[str, Any]]] = [
+        ({"fromLastFailure": False, "fromStep": 0}, {"from_step": 0}),
+        ({"fromLastFailure": True, "fromLastStep": False}, {"from_last_failure": True}),
+        ({"fromStepName": "s"}, {"from_step_name": "s"})]
+    for options, start in cases:
+        upstream(await env.client.post(f"{BASE}/workflows/bulk-fork-from-failure",
+                                       json={"workflowIds": ["a"], **options}), 200, "WorkflowIdsBody")
+        sent = {k: v for k, v in env.fake.last.fields["body"].items() if k.startswith("from_")}
+        assert sent == {"from_last_failure": False, "from_last_step": False, **start}, options
 
 
 async def test_bulk_operations_are_rate_limited_per_app(env: Env) -> None:

@@ -305,3 +305,34 @@ def test_the_cli_lists_gets_and_cancels_through_a_real_executor(relay: Relay, ap
     for argv in (["cancel", "no-such"], ["steps", "no-such"], ["resume", "no-such"], ["fork", "no-such"]):
         refused = relay_cli(relay, "workflows", *argv, "--app", name, key=relay.key, rc=1)
         assert (refused.stdout, refused.stderr) == ("", "relay: workflow 'no-such' not found\n"), argv
+
+
+def test_a_bulk_fork_without_exactly_one_start_is_refused_before_the_executor(relay: Relay, tmp_path: Path) -> None:
+    """dbos 3.2.0 raises ``ValueError`` for a fork-from-failure with none, or more than one, of its four start
+    options: Relay refuses such a body with a 422 naming them, and sends nothing (no audit row, no executor log of
+    it, no fork); the same request with one option forks (issue: it came back as a 502 carrying the ValueError)."""
+    name, sys_db = "fork-options", PYTHON.system_database(tmp_path, None)
+    with _api(relay) as api:
+        assert api.put(name).status_code == 204
+        executor = PYTHON.start(relay, tmp_path, "executor", name, sys_db, THREE_STEPS="f1")
+        try:
+            wait_until(lambda: list(relay.executors(name).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
+            wait_until(lambda: sys_db.status("f1") == "SUCCESS", timeout=30, what="f1")
+            for options, given in [({}, "none was given"),
+                                   ({"fromLastStep": True, "fromStep": 2}, "fromLastStep and fromStep were given")]:
+                response = api.post(f"{name}/workflows/bulk-fork-from-failure", json={"workflowIds": ["f1"], **options})
+                assert response.status_code == 422, (response.status_code, response.text)
+                assert response.headers["content-type"] == "application/problem+json"
+                problem = response.json()
+                assert problem["detail"] == ("body: give exactly one of fromLastFailure: true, fromLastStep: true, "
+                                             f"fromStep, fromStepName; {given}"), problem
+            assert set(sys_db.statuses()) == {"f1"}
+            assert [op for op, _ in relay.audit(name) if op.startswith("workflow.")] == []
+            assert "bulk forking" not in executor.output()
+            forked = _ok(api.post(f"{name}/workflows/bulk-fork-from-failure",
+                                  json={"workflowIds": ["f1"], "fromLastStep": True, "fromLastFailure": False}))
+            assert len(forked["workflowIds"]) == 1
+            wait_until(lambda: sys_db.status(forked["workflowIds"][0]) == "SUCCESS", timeout=20, what="the fork")
+        finally:
+            executor.stop()
+    assert [op for op, _ in relay.audit(name) if op.startswith("workflow.")] == ["workflow.bulk_fork_from_failure"]
