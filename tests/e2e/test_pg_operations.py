@@ -12,6 +12,7 @@ SQLite, and the processes' one-line exit: tests/unit/test_schema_version.py.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -23,6 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import yaml  # type: ignore[import-untyped,unused-ignore]
 from alembic import command
 from psycopg import sql
 from sqlalchemy import create_engine, text
@@ -35,7 +37,7 @@ from core.settings import Settings
 from core.store import Store
 from core.units import utcnow
 from tests.e2e.test_temporal_tls import make_pki
-from tests.postgres import PostgresCluster, postgres_cluster
+from tests.postgres import PostgresCluster, pg_bin, postgres_cluster
 from tests.support import VENV_BIN, Process, free_port, relay_env
 from tests.unit.test_migrations import revision, schema_differences
 from tests.unit.test_schema_version import BEHIND, HEAD
@@ -229,3 +231,70 @@ def test_the_store_connects_with_verify_full_and_refuses_another_ca_or_name(
     assert done.returncode == 0, done
     assert done.stdout.startswith(f"postgresql+psycopg://relay@localhost:{cluster.port}/{database}?sslmode=verify-full")
     assert done.stdout.endswith(f": at revision {HEAD}\n")
+
+
+def test_the_compose_files_database_roles_are_the_readmes(cluster: PostgresCluster, tmp_path: Path) -> None:
+    """deploy/compose's init script for Relay's PostgreSQL, run by ``sh`` as the postgres image runs it (its
+    POSTGRES_USER a superuser owning POSTGRES_DB): `relay migrate` as that owner, then the store as relay_app, which
+    reads and writes rows and creates nothing."""
+    compose = yaml.safe_load((Path(__file__).resolve().parents[2] / "deploy" / "compose" / "compose.yaml").read_text())
+    # Compose reads "$$" as a literal "$" (the container's variables, not the env file's).
+    script = compose["configs"]["relay-database-roles"]["content"].replace("$$", "$")
+    owner, database = "relay_owner", f"relay_compose_{uuid.uuid4().hex[:8]}"
+    with _superuser(cluster, "postgres") as conn:
+        if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", (owner,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE ROLE {} LOGIN SUPERUSER").format(sql.Identifier(owner)))
+        conn.execute(sql.SQL("CREATE DATABASE {} OWNER {}").format(sql.Identifier(database), sql.Identifier(owner)))
+    env = {"PATH": f"{pg_bin()}:/usr/bin:/bin", "PGHOST": "127.0.0.1", "PGPORT": str(cluster.port),
+           "POSTGRES_USER": owner, "POSTGRES_DB": database, "RELAY_APP_DB_PASSWORD": "not-checked-here"}
+    ran = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    assert ran.returncode == 0, ran.stderr
+    base = f"postgresql+psycopg://{{}}@127.0.0.1:{cluster.port}/{database}"
+    done = relay_migrate(tmp_path, base.format(owner))
+    assert done.returncode == 0 and done.stdout.endswith(f": at revision {HEAD}\n"), done
+    app_params = {**cluster.params(database), "user": "relay_app"}
+    with psycopg.connect(**app_params) as conn, pytest.raises(psycopg.errors.InsufficientPrivilege):
+        conn.execute("CREATE TABLE probe (x integer)")
+    store = Store(make_engine(base.format("relay_app"), migrate=False))
+    try:
+        store.ensure_app("local", "orders")
+        assert store.write_audit(org="local", operation="test.written", app="orders", event_key="compose")
+        assert store.prune_audit_batch(before=utcnow() + timedelta(days=1), limit=1000) == 2
+    finally:
+        store.engine.dispose()
+
+
+def test_the_readmes_roles_for_an_earlier_compose_volume(tmp_path: Path) -> None:
+    """The README's commands for a compose data volume made by an earlier release: the image's bootstrap superuser
+    ``relay`` owns the database and its tables (here, this cluster's own superuser, also ``relay``); run as written
+    (the ``psql -c`` commands of its block, passwords put in), ``relay_app`` reads and writes every table, those of
+    a later migration too, and creates nothing."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    [block] = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "docker compose exec relay-postgresql" in b]
+    commands = [c.replace("<RELAY_APP_DB_PASSWORD>", "app-password") for c in re.findall(r'-c "([^"]+)"', block)]
+    assert len(commands) == 4 and "-U relay -d relay" in block
+    with postgres_cluster() as legacy:  # its own cluster: roles are cluster-wide, and relay_app is made here
+        name = legacy.create_database("earlier").rsplit("/", 1)[1]
+        owner_url, app_url = (f"postgresql+psycopg://{user}@127.0.0.1:{legacy.port}/{name}" for user in ("relay",
+                                                                                                        "relay_app"))
+        assert relay_migrate(tmp_path, owner_url).returncode == 0
+        downgrade(owner_url, BEHIND)  # the earlier release's schema, owned by relay
+        ran = subprocess.run([str(pg_bin() / "psql"), "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p",
+                              str(legacy.port), "-U", "relay", "-d", name, *[a for c in commands for a in ("-c", c)]],
+                             env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=60)
+        assert ran.returncode == 0, ran.stderr
+        # The upgrade: relay migrate as the owner, then the processes as relay_app on the tables of both releases.
+        done = relay_migrate(tmp_path, owner_url)
+        assert done.returncode == 0 and done.stdout.endswith(f": at revision {HEAD}\n"), done
+        with psycopg.connect(**{**legacy.params(name), "user": "relay_app"}) as conn, \
+                pytest.raises(psycopg.errors.InsufficientPrivilege):
+            conn.execute("CREATE TABLE probe (x integer)")
+        store = Store(make_engine(app_url, migrate=False))
+        try:
+            store.ensure_app("local", "orders")
+            store.gateways.register("relay-gateway-q", "gateway-1")  # a table of the earlier release
+            store.gateways.report("relay-gateway-q", sockets=3, accepting=True)  # a column of this one
+            assert store.gateways.live_counts(timedelta(minutes=1))["relay-gateway-q"][0] == 3
+            assert store.prune_audit_batch(before=utcnow() + timedelta(days=1), limit=1000) == 1
+        finally:
+            store.engine.dispose()
