@@ -178,14 +178,25 @@ class Managed:
             raise NotFoundError(f"{len(unknown)} of the {len(workflow_ids)} workflows not found, so none was "
                                 f"changed: {names}")
 
+    async def require_schedule(self, name: str) -> None:
+        """404 unless ``name`` is a schedule of the app: the SDKs answer a trigger or a backfill of an unknown one
+        with an error (which would be a 502 blaming the executor) and a pause or a resume with success."""
+        found = await self.read("get_schedule", {"schedule_name": name}, c.GetScheduleReply)
+        if found.output is None:
+            raise NotFoundError(f"schedule {name!r} not found")
+
     async def mutate(self, operation: str, kind: str, fields: Mapping[str, Any], reply: type[R], *,
                      details: dict[str, Any], pick: Pick = Pick.ANY, version: str | None = None,
-                     outcome: Callable[[R], dict[str, Any]] | None = None, workflow_ids: list[str] | None = None) -> R:
+                     outcome: Callable[[R], dict[str, Any]] | None = None, workflow_ids: list[str] | None = None,
+                     schedule: str | None = None) -> R:
         """``read``, audited as ``operation`` whatever happens (``outcome`` adds to the details of a success).
-        ``workflow_ids``: the workflows it acts on, which must exist (404, audited, and nothing sent)."""
+        ``workflow_ids``: the workflows it acts on, which must exist; ``schedule``: the schedule it acts on, which
+        must exist (404, audited, and nothing sent)."""
         try:
             if workflow_ids:
                 await self.require(workflow_ids)
+            if schedule is not None:
+                await self.require_schedule(schedule)
             answer = await self.ask(kind, fields, pick=pick, version=version)
             parsed = parse(answer, reply, kind)
         except RelayError as err:

@@ -40,7 +40,7 @@ async def get_schedule(m: ManagedDep, scheduleName: ScheduleName) -> c.Schedule:
              status_code=204, responses=WRITE_ERRORS)
 async def pause_schedule(m: ManagedDep, scheduleName: ScheduleName) -> Response:
     await m.mutate("schedule.pause", "pause_schedule", {"schedule_name": scheduleName}, c.SdkReply,
-                   details={"scheduleName": scheduleName})
+                   details={"scheduleName": scheduleName}, schedule=scheduleName)
     return Response(status_code=204)
 
 
@@ -48,7 +48,7 @@ async def pause_schedule(m: ManagedDep, scheduleName: ScheduleName) -> Response:
              status_code=204, responses=WRITE_ERRORS)
 async def resume_schedule(m: ManagedDep, scheduleName: ScheduleName) -> Response:
     await m.mutate("schedule.resume", "resume_schedule", {"schedule_name": scheduleName}, c.SdkReply,
-                   details={"scheduleName": scheduleName})
+                   details={"scheduleName": scheduleName}, schedule=scheduleName)
     return Response(status_code=204)
 
 
@@ -57,7 +57,8 @@ async def resume_schedule(m: ManagedDep, scheduleName: ScheduleName) -> Response
 async def trigger_schedule(m: ManagedDep, scheduleName: ScheduleName) -> c.TriggerOutputBody:
     """Starts the scheduled workflow now."""
     reply = await m.mutate("schedule.trigger", "trigger_schedule", {"schedule_name": scheduleName}, c.TriggerReply,
-                           details={"scheduleName": scheduleName}, outcome=lambda r: {"workflowId": r.workflow_id})
+                           details={"scheduleName": scheduleName}, outcome=lambda r: {"workflowId": r.workflow_id},
+                           schedule=scheduleName)
     return c.TriggerOutputBody(workflowId=reply.workflow_id)
 
 
@@ -71,5 +72,5 @@ async def backfill_schedule(m: ManagedDep, scheduleName: ScheduleName,
     reply = await m.mutate("schedule.backfill", "backfill_schedule", fields, c.BackfillReply,
                            details={"scheduleName": scheduleName, "startTime": fields["start"],
                                     "endTime": fields["end"]},
-                           outcome=lambda r: {"workflowIds": r.workflow_ids})
+                           outcome=lambda r: {"workflowIds": r.workflow_ids}, schedule=scheduleName)
     return c.BackfillOutputBody(workflowIds=reply.workflow_ids)

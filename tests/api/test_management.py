@@ -399,6 +399,7 @@ async def test_schedules(env: Env) -> None:
     assert upstream(await env.client.get(f"{BASE}/schedules/daily"), 200, "Schedule")["scheduleName"] == "daily"
     env.fake.replies["get_schedule"] = lambda f: {"output": None}
     assert_problem(await env.client.get(f"{BASE}/schedules/none"), 404)
+    del env.fake.replies["get_schedule"]  # back to a schedule of every name
     for action in ("pause", "resume"):
         response = await env.client.post(f"{BASE}/schedules/nightly/{action}")
         assert response.status_code == 204 and response.content == b""
@@ -413,6 +414,20 @@ async def test_schedules(env: Env) -> None:
     assert_problem(await env.client.post(f"{BASE}/schedules/nightly/backfill", json={"startTime": "x"}), 422)
     operations = [row.operation for row in env.api.store.list_audit(ORG, app=APP, limit=4)]
     assert operations == ["schedule.backfill", "schedule.trigger", "schedule.resume", "schedule.pause"]
+
+
+async def test_an_unknown_schedule_is_a_404_and_nothing_is_sent(env: Env) -> None:
+    """The SDKs answer a trigger or a backfill of an unknown schedule with an error (a 502 that blamed the executor)
+    and a pause or a resume with success: Relay looks it up first, as it does workflow ids."""
+    env.fake.replies["get_schedule"] = lambda f: {"output": None}
+    for action, body in (("pause", None), ("resume", None), ("trigger", None),
+                         ("backfill", {"startTime": "2025-03-01T00:00:00Z", "endTime": "2025-03-01T02:00:00Z"})):
+        problem = assert_problem(await env.client.post(f"{BASE}/schedules/gone/{action}", json=body), 404)
+        assert problem["detail"] == "schedule 'gone' not found"
+        assert (env.fake.last.kind, env.fake.last.fields) == ("get_schedule", {"schedule_name": "gone"})
+    rows = env.api.store.list_audit(ORG, app=APP, limit=4)
+    assert [(r.operation, r.status) for r in rows] == [(f"schedule.{a}", "failure")
+                                                       for a in ("backfill", "trigger", "resume", "pause")]
 
 
 async def test_versions_and_metrics(env: Env) -> None:
