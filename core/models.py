@@ -12,7 +12,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event, false
+from sqlalchemy import JSON, BigInteger, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event, false
 from sqlmodel import Field, SQLModel, create_engine
 
 from core import migrations
@@ -173,8 +173,9 @@ class AutoscalingPolicy(SQLModel, table=True):
     org: str = Field(primary_key=True)
     app: str = Field(primary_key=True)
     queue: str
-    max_old_versions: int | None = None
-    max_old_executors: int | None = None
+    # BIGINT: upstream's fields are int64, and the API takes any JSON-safe integer (PostgreSQL's INTEGER is 32-bit).
+    max_old_versions: int | None = Field(default=None, sa_type=BigInteger)
+    max_old_executors: int | None = Field(default=None, sa_type=BigInteger)
     subject: str = "system"
     updated_at: datetime = Field(default_factory=utcnow, sa_type=UTCDateTime)
 

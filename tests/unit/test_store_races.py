@@ -22,7 +22,7 @@ import pytest
 from sqlalchemy import event, text
 from sqlmodel import Session, SQLModel, select
 
-from core.autoscale import Policy
+from core.autoscale import Policy, Rollout
 from core.gate import GatePolicy
 from core.gateways import WATCH
 from core.models import (
@@ -382,6 +382,14 @@ def test_two_operators_setting_an_apps_first_autoscaling_policy_at_once_leave_th
     writers.race(policy("first"), policy("second"))
     [row] = writers.rows(AutoscalingPolicy)
     assert row.queue == "second"
+
+
+def test_a_rollout_takes_any_integer_the_api_takes(writers: Writers) -> None:
+    """Upstream's rollout fields are int64 and the API takes up to 2**53 - 1: PostgreSQL's INTEGER is 32-bit (the
+    fuzzer's 9007199254740990 was a 500)."""
+    big = Rollout(max_old_versions=2**53 - 1, max_old_executors=2**31)
+    writers.first.set_autoscaling_policy(ORG, APP, Policy(queue="q", rollout=big), subject="system", source_ip="")
+    assert writers.second.get_autoscaling_policy(ORG, APP) == Policy(queue="q", rollout=big)
 
 
 # -- gateway processes --------------------------------------------------------------------------------------------
