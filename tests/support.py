@@ -169,8 +169,11 @@ class Relay:
         return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.key}"}, timeout=10)
 
     def executors(self, app: str) -> dict[str, str]:
+        """The app's executors by status; none while its first registration has not landed (the API's 404)."""
         with self.api() as client:
             response = client.get(f"/v2/orgs/local/apps/{app}/executors")
+        if response.status_code == 404:
+            return {}
         response.raise_for_status()
         return {e["executorId"]: e["status"] for e in response.json()}
 
