@@ -26,6 +26,7 @@ from api.deps import AppAccessDep, source_ip
 from api.problems import responses
 from core import wire
 from core.errors import (
+    ConflictError,
     ExecutorRefusedError,
     ExecutorsFailedError,
     NotFoundError,
@@ -178,6 +179,13 @@ class Managed:
             raise NotFoundError(f"{len(unknown)} of the {len(workflow_ids)} workflows not found, so none was "
                                 f"changed: {names}")
 
+    async def require_absent(self, workflow_id: str) -> None:
+        """409 when ``workflow_id`` is a workflow of the app already: the SDKs refuse to make a second one under it
+        with an error, which would be a 502 blaming the executor. (One made meanwhile still gets that error.)"""
+        listing = await self.read("list_workflows", {"body": c.existence_body([workflow_id])}, c.ListWorkflowsReply)
+        if any(w.WorkflowUUID == workflow_id for w in listing.output):
+            raise ConflictError(f"workflow {workflow_id!r} already exists: give the fork another newWorkflowId")
+
     async def require_schedule(self, name: str) -> None:
         """404 unless ``name`` is a schedule of the app: the SDKs answer a trigger or a backfill of an unknown one
         with an error (which would be a 502 blaming the executor) and a pause or a resume with success."""
@@ -188,15 +196,18 @@ class Managed:
     async def mutate(self, operation: str, kind: str, fields: Mapping[str, Any], reply: type[R], *,
                      details: dict[str, Any], pick: Pick = Pick.ANY, version: str | None = None,
                      outcome: Callable[[R], dict[str, Any]] | None = None, workflow_ids: list[str] | None = None,
-                     schedule: str | None = None) -> R:
+                     schedule: str | None = None, new_workflow_id: str | None = None) -> R:
         """``read``, audited as ``operation`` whatever happens (``outcome`` adds to the details of a success).
         ``workflow_ids``: the workflows it acts on, which must exist; ``schedule``: the schedule it acts on, which
-        must exist (404, audited, and nothing sent)."""
+        must exist (404, audited, and nothing sent); ``new_workflow_id``: the id of the workflow it makes, which
+        must not exist yet (409, audited, and nothing sent)."""
         try:
             if workflow_ids:
                 await self.require(workflow_ids)
             if schedule is not None:
                 await self.require_schedule(schedule)
+            if new_workflow_id is not None:
+                await self.require_absent(new_workflow_id)
             answer = await self.ask(kind, fields, pick=pick, version=version)
             parsed = parse(answer, reply, kind)
         except RelayError as err:

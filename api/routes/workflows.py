@@ -204,7 +204,8 @@ async def fork_workflow(
         "workflow.fork", "fork_workflow", {"body": c.fork_body(workflowId, body)}, c.ForkReply, pick=Pick.LATEST,
         version=body.appVersion, details={"workflowId": workflowId, "startStep": body.startStep,
                                           "appVersion": body.appVersion},
-        outcome=lambda r: {"newWorkflowId": r.new_workflow_id}, workflow_ids=[workflowId])
+        outcome=lambda r: {"newWorkflowId": r.new_workflow_id}, workflow_ids=[workflowId],
+        new_workflow_id=body.newWorkflowId)
     return c.ForkWorkflowOutputBody(workflowId=reply.new_workflow_id)
 
 

@@ -416,6 +416,15 @@ async def test_schedules(env: Env) -> None:
     assert operations == ["schedule.backfill", "schedule.trigger", "schedule.resume", "schedule.pause"]
 
 
+async def test_a_fork_under_an_existing_id_is_a_409_and_nothing_is_sent(env: Env) -> None:
+    """The SDKs refuse to make a second workflow under an id with an error (a 502 that blamed the executor)."""
+    problem = assert_problem(await env.client.post(f"{BASE}/workflows/w-1/fork", json={"newWorkflowId": "w-2"}), 409)
+    assert problem["detail"] == "workflow 'w-2' already exists: give the fork another newWorkflowId"
+    assert [sent.kind for sent in env.fake.sent] == ["list_workflows", "list_workflows"]  # w-1 there, w-2 too
+    row = env.api.store.list_audit(ORG, app=APP, limit=1)[0]
+    assert (row.operation, row.status) == ("workflow.fork", "failure")
+
+
 async def test_an_unknown_schedule_is_a_404_and_nothing_is_sent(env: Env) -> None:
     """The SDKs answer a trigger or a backfill of an unknown schedule with an error (a 502 that blamed the executor)
     and a pause or a resume with success: Relay looks it up first, as it does workflow ids."""
@@ -472,6 +481,7 @@ async def test_cancel_delete_resume_are_audited_with_their_executor(env: Env) ->
 
 
 async def test_fork_goes_to_the_named_or_latest_version(env: Env) -> None:
+    env.fake.replies["list_workflows"] = lambda f: {"output": [sdk_workflow(i) for i in _ids(f) if i == "w-1"]}
     body = upstream(await env.client.post(f"{BASE}/workflows/w-1/fork", json={
         "startStep": 3, "newWorkflowId": "w-1-b", "appVersion": "v2", "queueName": "q"}), 201, "WorkflowIdBody")
     assert body == {"workflowId": "w-1-b"}
