@@ -28,6 +28,7 @@ from tests.support import (
     Process,
     RawPeer,
     Relay,
+    dbos_executor,
     free_port,
     ready,
     start_gateways,
@@ -39,6 +40,7 @@ HAPROXY = Path("/usr/sbin/haproxy")
 CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy" / "haproxy.cfg"
 GRACE = 10  # executorTimeoutSecs: the drain's reconnections are well inside it
 EXECUTORS = 20
+REAL = 4  # of them real dbos==3.2.0 executors; the others protocol clients
 APP = "rolled"
 BALANCED_WITHIN = 60.0  # seconds after the last replacement is UP
 
@@ -112,13 +114,21 @@ def test_after_a_rolling_restart_the_sockets_spread_back_within_ten_percent(flee
     with lb.api() as api:
         assert api.put(f"/v2/orgs/local/apps/{APP}").status_code == 204
         assert api.patch(f"/v2/orgs/local/apps/{APP}", json={"executorTimeoutSecs": GRACE}).status_code == 204
-    ids = [f"x{n:02d}" for n in range(EXECUTORS)]
-    peers = []
+    peers: list[RawPeer] = []
+    real: list[Process] = []
     try:
-        for executor_id in ids:
+        # Real dbos==3.2.0 executors among them (each on a system database of its own, started one after the other):
+        # the SDK reconnects after the 1012 its gateway closes it with, as after a drain's.
+        for n in range(REAL):
+            real.append(dbos_executor(lb.ws_url, lb.key, APP, lb.data_dir / f"sys-{n}.db",
+                                      lb.data_dir / f"executor-{n}.log"))
+            wait_until(lambda n=n: len(_registry(fleet.db)) == n + 1, timeout=60, what="a real executor HEALTHY")
+        raw = [f"x{n:02d}" for n in range(EXECUTORS - REAL)]
+        for executor_id in raw:
             peers.append(RawPeer(lb.ws_url, APP, lb.key, executor_id))
-        wait_until(lambda: _registry(fleet.db) == dict.fromkeys(ids, "HEALTHY"), timeout=30,
+        wait_until(lambda: list(_registry(fleet.db).values()) == ["HEALTHY"] * EXECUTORS, timeout=30,
                    what="every executor HEALTHY through HAProxy")
+        ids = sorted(_registry(fleet.db))
         fleet.roll(1)
         fleet.roll(2)
         rolled_at = time.monotonic()
@@ -147,8 +157,9 @@ def test_after_a_rolling_restart_the_sockets_spread_back_within_ten_percent(flee
         wait_until(over, timeout=30, interval=0.5, what="the rebalance audited")
         assert _registry(fleet.db) == dict.fromkeys(ids, "HEALTHY")
         rebalanced = _audit(fleet.db, "gateway.rebalanced")
-        moved = {e for details in rebalanced for e in re.findall(r'"(x\d\d)"', details)}
+        moved = {e for details in rebalanced for e in json.loads(details)["executors"]}
         assert moved and moved <= set(ids)
+        print(f"moved by rebalances: {len(moved)} executors, {len(moved - set(raw))} of them real dbos executors")
         # A socket closed to rebalance is no disconnect: after the rolls (their drains' disconnects all written by
         # the time the replacement is UP), sockets were closed to rebalance and not one executor.disconnected row.
         assert len(_audit(fleet.db, "executor.disconnected")) == disconnects_at_roll
@@ -166,6 +177,8 @@ def test_after_a_rolling_restart_the_sockets_spread_back_within_ten_percent(flee
     finally:
         for peer in peers:
             peer.stop()
+        for process in real:
+            process.stop()
 
 
 @pytest.mark.parametrize("fleet", ["postgresql"], indirect=True)
