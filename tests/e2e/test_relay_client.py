@@ -1,8 +1,10 @@
-"""Relay's own client (clients/python, ``relay_dbos``) on the current Python SDK, dbos 3.4.0, end to end: every
-workflow-management operation through Relay's REST API answered by a real executor on DBOS's public API, the ones
-DBOS moved out of its MIT package answered with a 501 that names them, and a frozen gateway left within the
-client's pong timeout through Debian's HAProxy. The lifecycle (SIGKILL, SIGSTOP, retention, the connect storm) runs
-in tests/e2e/test_sdks.py, where this executor is the SDK ``python-current``.
+"""Relay's own clients on the current SDKs, end to end: clients/python (``relay_dbos``) on dbos 3.4.0,
+clients/typescript on @dbos-inc/dbos-sdk 5.3.0 and clients/go on dbos-transact-golang v1.9.0, each run by the
+suite's executor of that release (``tests/sdk.py``: python-current, typescript-current, go-current; ``--sdk``
+picks some). Every workflow-management operation through Relay's REST API answered by a real executor on DBOS's
+public API, the ones DBOS moved out of its MIT packages answered with a 501 that names them, and a frozen gateway
+left within the client's pong timeout through Debian's HAProxy. The lifecycle (SIGKILL, SIGSTOP, retention, the
+connect storm) runs in tests/e2e/test_sdks.py.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import re
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,8 @@ import pytest
 
 from tests.e2e.test_haproxy import CONFIG, HAPROXY
 from tests.e2e.test_management import _ok
-from tests.sdk import EXECUTORS, SDKS, SystemDatabase
+from tests.postgres import PostgresCluster, postgres_cluster
+from tests.sdk import EXECUTORS, SDKS, Sdk, SystemDatabase
 from tests.support import (
     Process,
     Relay,
@@ -41,8 +45,47 @@ from tests.support import (
 )
 
 pytestmark = pytest.mark.e2e
-CURRENT = SDKS["python-current"]
+CURRENT = [name for name in SDKS if name.endswith("-current")]
 APP = "current"
+# What each release moved out of its MIT package and no public call does: answered unsupported, which Relay turns
+# into a 501 (each client's README has the whole table).
+MOVED_OUT = {
+    "python-current": {"export_workflow", "import_workflow", "get_workflow_notifications", "get_workflow_streams",
+                       "get_workflow_aggregates", "get_step_aggregates"},
+    "typescript-current": {"export_workflow", "import_workflow", "get_workflow_events", "get_workflow_notifications",
+                           "get_workflow_streams", "get_workflow_aggregates", "get_step_aggregates"},
+    "go-current": {"export_workflow", "import_workflow", "get_workflow_events", "get_workflow_notifications",
+                   "get_workflow_streams"},
+}
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """``current``: each current release with Relay's client, or those of them named by ``--sdk``."""
+    if "current" in metafunc.fixturenames:
+        chosen = [name for name in metafunc.config.getoption("sdk") or CURRENT if name in CURRENT]
+        metafunc.parametrize("current", [SDKS[name] for name in chosen], ids=lambda s: str(s.name), scope="module")
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[PostgresCluster]:
+    """PostgreSQL for the releases that support no other system database (TypeScript), started when one asks."""
+    with postgres_cluster() as started:
+        yield started
+
+
+@dataclass(frozen=True)
+class Running:
+    """The release's executor, HEALTHY in its own app."""
+
+    sdk: Sdk
+    app: str  # the release's name
+    sys_db: SystemDatabase
+    tmp: Path  # its STEP_LOG and gates are here
+    executor_id: str
+
+
+def _system_database(current: Sdk, tmp: Path, request: pytest.FixtureRequest) -> SystemDatabase:
+    return current.system_database(tmp, request.getfixturevalue("cluster") if current.postgres_only else None)
 
 
 # -- workflow management ----------------------------------------------------------------------------------------
@@ -59,35 +102,37 @@ def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
 
 
 @pytest.fixture(scope="module")
-def app(relay: Relay, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SystemDatabase, Path, str]]:
-    """One dbos 3.4.0 executor with gated, queued, three-step and finished workflows and an hourly schedule."""
-    tmp = tmp_path_factory.mktemp("current-executor")
+def app(relay: Relay, current: Sdk, tmp_path_factory: pytest.TempPathFactory,
+        request: pytest.FixtureRequest) -> Iterator[Running]:
+    """One executor of the release with gated, queued, three-step and finished workflows and an hourly schedule, in
+    an app named after the release."""
+    tmp = tmp_path_factory.mktemp(current.name)
     (tmp / "gates").mkdir()
-    sys_db = CURRENT.system_database(tmp, None)
+    sys_db = _system_database(current, tmp, request)
     with relay.api() as api:
-        assert api.put(f"/v2/orgs/local/apps/{APP}").status_code == 204
-    executor = CURRENT.start(relay, tmp, "executor", APP, sys_db, GATE_DIR=str(tmp / "gates"),
+        assert api.put(f"/v2/orgs/local/apps/{current.name}").status_code == 204
+    executor = current.start(relay, tmp, "executor", current.name, sys_db, GATE_DIR=str(tmp / "gates"),
                              GATED_WORKFLOWS="g1,g2", QUEUED_WORKFLOWS="q1,q2", THREE_STEPS="t1",
                              FINISHED_WORKFLOWS="f1", SCHEDULE="hourly")
     try:
-        wait_until(lambda: list(relay.executors(APP).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
+        wait_until(lambda: list(relay.executors(current.name).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
         wait_until(lambda: {"g1", "g2", "q1", "q2", "t1", "f1"} <= set(sys_db.statuses()), timeout=30,
                    what="the workflows")
-        [executor_id] = relay.executors(APP)
-        yield sys_db, tmp, executor_id
+        [executor_id] = relay.executors(current.name)
+        yield Running(current, current.name, sys_db, tmp, executor_id)
     finally:
         executor.stop()
 
 
-def _api(relay: Relay) -> httpx.Client:
-    return httpx.Client(base_url=f"{relay.url}/v2/orgs/local/apps/{APP}/", timeout=30,
+def _api(relay: Relay, app: str) -> httpx.Client:
+    return httpx.Client(base_url=f"{relay.url}/v2/orgs/local/apps/{app}/", timeout=30,
                         headers={"Authorization": f"Bearer {relay.key}"})
 
 
 def test_workflows_are_listed_got_stepped_cancelled_resumed_forked_and_deleted(
-        relay: Relay, app: tuple[SystemDatabase, Path, str]) -> None:
-    sys_db, tmp, executor_id = app
-    with _api(relay) as api:
+        relay: Relay, app: Running) -> None:
+    sys_db, tmp, executor_id = app.sys_db, app.tmp, app.executor_id
+    with _api(relay, app.app) as api:
         pending = _ok(api.get("workflows", params={"status": "PENDING"}))
         assert {"g1", "g2"} <= {w["workflowId"] for w in pending}
         g1 = _ok(api.get("workflows/g1"))
@@ -119,23 +164,24 @@ def test_workflows_are_listed_got_stepped_cancelled_resumed_forked_and_deleted(
         assert sys_db.status("t1-fork") is None
         assert api.get("workflows/t1-fork").status_code == 404
 
-        events = _ok(api.get("workflows/f1/events"))
-        assert [(e["key"], str(e["value"])) for e in events] == [("answer", "42")]
+        if "get_workflow_events" not in MOVED_OUT[app.sdk.name]:
+            events = _ok(api.get("workflows/f1/events"))
+            assert [(e["key"], str(e["value"])) for e in events] == [("answer", "42")]
         versions = _ok(api.get("versions"))
         assert "v1" in str(versions)
     ran = [line.split()[1:] for line in (tmp / "steps.log").read_text().splitlines() if len(line.split()) == 3]
     by_fork = [s for w, s in ran if w == "t1-fork"]
     assert by_fork and "0" not in by_fork, by_fork  # steps before the fork's start step are copied, not rerun
-    audit = [(r.operation, r.executor_id, r.status) for r in audit_rows_at(relay.db_url, APP)
+    audit = [(r.operation, r.executor_id, r.status) for r in audit_rows_at(relay.db_url, app.app)
              if r.operation.startswith("workflow.")]
     assert [op for op, _, _ in audit] == ["workflow.cancel", "workflow.resume", "workflow.fork",
                                           "workflow.bulk_fork_from_failure", "workflow.delete"], audit
     assert all(ex == executor_id and status == "success" for _, ex, status in audit), audit
 
 
-def test_queues_and_schedules(relay: Relay, app: tuple[SystemDatabase, Path, str]) -> None:
-    sys_db, _, _ = app
-    with _api(relay) as api:
+def test_queues_and_schedules(relay: Relay, app: Running) -> None:
+    sys_db = app.sys_db
+    with _api(relay, app.app) as api:
         queue = _ok(api.get("queues/serial"))
         assert queue["name"] == "serial" and queue["concurrency"] == 1
         assert "serial" in {q["name"] for q in _ok(api.get("queues"))}
@@ -163,27 +209,33 @@ def test_queues_and_schedules(relay: Relay, app: tuple[SystemDatabase, Path, str
         assert len(backfilled["workflowIds"]) == 3, backfilled  # 01:00, 02:00 and 03:00
 
 
-def test_what_dbos_34_moved_out_of_its_mit_package_is_a_501_naming_it(
-        relay: Relay, app: tuple[SystemDatabase, Path, str]) -> None:
-    _, _, executor_id = app
-    with _api(relay) as api:
-        refused = {
-            "export_workflow": api.get("workflows/f1/export"),
-            "get_workflow_notifications": api.get("workflows/f1/notifications"),
-            "get_workflow_streams": api.get("workflows/f1/streams"),
-            "get_workflow_aggregates": api.post("workflows/aggregates", json={"groupByStatus": True}),
-            "get_step_aggregates": api.post("steps/aggregates", json={"groupByStatus": True}),
-            "import_workflow": api.post("workflows/import", json={"serializedWorkflow": NOT_A_WORKFLOW}),
+def test_what_the_release_moved_out_of_its_mit_package_is_a_501_naming_it(
+        relay: Relay, app: Running) -> None:
+    executor_id = app.executor_id
+    with _api(relay, app.app) as api:
+        asks: dict[str, Callable[[], httpx.Response]] = {
+            "export_workflow": lambda: api.get("workflows/f1/export"),
+            "get_workflow_events": lambda: api.get("workflows/f1/events"),
+            "get_workflow_notifications": lambda: api.get("workflows/f1/notifications"),
+            "get_workflow_streams": lambda: api.get("workflows/f1/streams"),
+            "get_workflow_aggregates": lambda: api.post("workflows/aggregates", json={"groupByStatus": True}),
+            "get_step_aggregates": lambda: api.post("steps/aggregates", json={"groupByStatus": True}),
+            "import_workflow": lambda: api.post("workflows/import", json={"serializedWorkflow": NOT_A_WORKFLOW}),
         }
+        refused = {operation: ask() for operation, ask in asks.items() if operation in MOVED_OUT[app.sdk.name]}
+        kept = {operation: ask() for operation, ask in asks.items() if operation not in MOVED_OUT[app.sdk.name]}
+    assert len(refused) == len(MOVED_OUT[app.sdk.name])
+    for operation, response in kept.items():
+        assert response.status_code == 200, (operation, response.status_code, response.text)
     for operation, response in refused.items():
         assert response.status_code == 501, (operation, response.status_code, response.text)
         assert response.headers["content-type"] == "application/problem+json"
         problem = response.json()
         assert problem["title"] == "Not Implemented"
-        assert operation in problem["detail"] and "dbos 3.4.0" in problem["detail"], problem
+        assert operation in problem["detail"] and app.sdk.version in problem["detail"], problem
         assert executor_id in problem["detail"]
-    assert relay.executors(APP) == {executor_id: "HEALTHY"}  # a refusal costs the executor nothing
-    [imported] = [r for r in audit_rows_at(relay.db_url, APP) if r.operation == "workflow.import"]
+    assert relay.executors(app.app) == {executor_id: "HEALTHY"}  # a refusal costs the executor nothing
+    [imported] = [r for r in audit_rows_at(relay.db_url, app.app) if r.operation == "workflow.import"]
     assert (imported.status, imported.executor_id) == ("failure", executor_id)
 
 
@@ -254,7 +306,7 @@ def _gateway_of(data_dir: Path, executor_id: str) -> str | None:
 
 
 def test_a_frozen_gateway_is_left_within_the_pong_timeout_through_the_load_balancer(
-        balanced: tuple[Relay, list[Process]], tmp_path: Path) -> None:
+        balanced: tuple[Relay, list[Process]], current: Sdk, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """The gateway holding the executor is SIGSTOPped: its socket stays open and silent. The client's ping goes
     unanswered, it drops the socket at the pong timeout and reconnects through HAProxy to the other gateway, long
     before the app's grace: nothing is declared DEAD or recovered. (dbos 3.2.0's client notices such a freeze only
@@ -263,7 +315,7 @@ def test_a_frozen_gateway_is_left_within_the_pong_timeout_through_the_load_balan
     with lb.api() as api:
         assert api.put(f"/v2/orgs/local/apps/{APP}").status_code == 204
         assert api.patch(f"/v2/orgs/local/apps/{APP}", json={"executorTimeoutSecs": 60}).status_code == 204
-    executor = CURRENT.start(lb, tmp_path, "executor", APP, CURRENT.system_database(tmp_path, None),
+    executor = current.start(lb, tmp_path, "executor", APP, _system_database(current, tmp_path, request),
                              RELAY_PING_SECS=str(PING), RELAY_PONG_TIMEOUT_SECS=str(PONG))
     try:
         wait_until(lambda: list(registry(lb.data_dir, APP).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
@@ -282,7 +334,7 @@ def test_a_frozen_gateway_is_left_within_the_pong_timeout_through_the_load_balan
             os.kill(frozen.pid, signal.SIGCONT)
         assert "no pong from Relay within 2 s" in executor.output()
         assert moved_at - frozen_at < PING + PONG + 12, moved_at - frozen_at
-        print(f"\nrelay-dbos: gateway SIGSTOP → HEALTHY on the other gateway {moved_at - frozen_at:.2f}s "
+        print(f"\n{current.name}: gateway SIGSTOP → HEALTHY on the other gateway {moved_at - frozen_at:.2f}s "
               f"(ping {PING:.0f}s, pong timeout {PONG:.0f}s)")
         bad = [(r.operation, r.executor_id) for r in audit_rows(lb.data_dir, APP)
                if r.operation == "executor.dead" or r.operation.startswith("executor.recovery.")]
