@@ -3,10 +3,12 @@ of listWorkflows, searchWorkflows, cancel, resume, fork and import."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator
 
 from api.conductor.common import (
     INT32_MAX,
@@ -327,10 +329,30 @@ def fork_body(workflow_id: str, body: ForkWorkflowInputBody) -> dict[str, Any]:
             "queue_partition_key": body.queuePartitionKey}
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+
+
 class ImportWorkflowInputBody(InputBody):
     """Upstream ``ImportWorkflowInputBody``: an ``exportWorkflow`` payload, which the executor deserializes."""
 
-    serializedWorkflow: Annotated[str, Field(min_length=1, json_schema_extra=extended("must not be empty"))]
+    serializedWorkflow: Annotated[str, Field(min_length=1, json_schema_extra=extended(
+        "must not be empty; base64 of gzip data, as every SDK's exportWorkflow writes it"))]
+
+    @field_validator("serializedWorkflow")
+    @classmethod
+    def _an_export(cls, value: str) -> str:
+        """Checked here, not by the executor: every SDK's export is base64 of gzip data, and anything else came back
+        from the executor as its decoding error (a 502 blaming it). Only the gzip header is read, never inflated."""
+        try:
+            head = base64.b64decode(value[:8], validate=True)
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("serializedWorkflow is not base64: pass exportWorkflow's serializedWorkflow as it "
+                             "came") from None
+        if not head.startswith(GZIP_MAGIC):
+            raise ValueError("serializedWorkflow is not gzip data: pass exportWorkflow's serializedWorkflow as it "
+                             "came") from None
+        return value
 
 
 def existence_body(workflow_ids: list[str]) -> dict[str, Any]:

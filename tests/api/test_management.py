@@ -512,6 +512,11 @@ async def test_import_needs_an_org_wide_key_and_is_audited_with_its_hash(env: En
         assert_problem(await client.post(f"{BASE}/workflows/import", json={"serializedWorkflow": payload}), 403)
         upstream(await client.get(f"{BASE}/workflows"), 200, "Workflow", listed=True)  # reads are allowed
     assert_problem(await env.client.post(f"{BASE}/workflows/import", json={"serializedWorkflow": ""}), 422)
+    # Not an export (every SDK's is base64 of gzip data): refused here, not sent for the executor to fail on.
+    for wrong, said in [("not base64!", "not base64"), ("eyJ3b3JrZmxvdyI6IHt9fQ==", "not gzip")]:
+        problem = assert_problem(await env.client.post(f"{BASE}/workflows/import", json={"serializedWorkflow": wrong}),
+                                 422)
+        assert said in str(problem), problem
     assert env.fake.last.kind == "list_workflows"
 
 
