@@ -12,7 +12,18 @@ import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Column, DateTime, Engine, Interval, TypeDecorator, UniqueConstraint, event, false
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Engine,
+    Interval,
+    TypeDecorator,
+    UniqueConstraint,
+    event,
+    false,
+)
 from sqlmodel import Field, SQLModel, create_engine
 
 from core import migrations
