@@ -15,6 +15,7 @@ from api.routes import (
     alerts,
     apps,
     autoscale,
+    console,
     docs,
     health,
     metrics,
@@ -85,5 +86,6 @@ def create_app(settings: Settings, *, gateway: Gateway | None = None, client: Cl
     app.include_router(alerts.router)
     app.include_router(unsupported.router)
     app.include_router(docs.router)
+    app.include_router(console.router)
     return app
 

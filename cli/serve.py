@@ -157,6 +157,7 @@ async def dev(settings: Settings) -> None:
         where = "embedded dev server" if settings.embedded_temporal else "external"
         print(f"Relay is starting.\n  conductor_url: ws://{settings.host}:{settings.port}/\n"
               f"  REST API:      http://{settings.host}:{settings.port}/v2/orgs/{DEFAULT_ORG}/apps\n"
+              f"  console:       http://{settings.host}:{settings.port}/console\n"
               f"  API docs:      http://{settings.host}:{settings.port}/docs\n"
               f"  Temporal:      {conn.describe()} ({where})\n"
               f"  Temporal UI:   {ui}\n  dev key:       {key}  (org {DEFAULT_ORG})", flush=True)

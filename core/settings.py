@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     temporal_address: str | None = None
     temporal_port: int = Field(default=7233, ge=1, le=65535)
     temporal_ui_port: int = Field(default=8233, ge=1, le=65535)
+    # Where operators open the Temporal UI: the console links each recovery to its lifecycle workflow there. Unset,
+    # `relay dev`'s embedded UI (http://127.0.0.1:RELAY_TEMPORAL_UI_PORT), and no link with an external Temporal.
+    temporal_ui_url: str | None = None
     temporal_namespace: str | None = None
     # How long a starting process keeps trying to reach an unreachable Temporal before it exits (a refused TLS
     # handshake or a missing namespace ends it at once: waiting would not change them).

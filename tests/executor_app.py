@@ -19,6 +19,9 @@ output of BIG_BYTES characters each) and SCHEDULE (a schedule of that name, hour
 For autoscaling tests: SCALED_QUEUE ("<name>:<worker_concurrency>", registered so), SCALED_WORKFLOWS (ids enqueued on
 it, gated as GATED_WORKFLOWS are, so all but worker_concurrency of them wait ENQUEUED) and PARTITIONED_QUEUE (a queue
 of that name with a partition limit).
+
+For the console's tests: HOSTILE_WORKFLOWS (ids run to completion at launch, of a workflow whose name and output are
+markup that would run a script if a page took it as markup).
 """
 
 from __future__ import annotations
@@ -104,6 +107,16 @@ def big(payload: str) -> str:
     return payload[::-1]
 
 
+# Application data a page must show as text, never as markup (tests/e2e/test_console.py): a workflow's name, and
+# its output (its input, echoed).
+HOSTILE_NAME = '<img src=x onerror="window.__xss = 1">'
+
+
+@DBOS.workflow(name=HOSTILE_NAME)
+def hostile(text: str) -> str:
+    return text
+
+
 @DBOS.workflow()
 def scheduled(when: datetime, context: Any) -> None:
     DBOS.logger.info(f"scheduled for {when.isoformat()}")
@@ -144,6 +157,9 @@ if __name__ == "__main__":
     for big_id in _ids("BIG_WORKFLOWS"):
         with SetWorkflowID(big_id):
             big("x" * int(os.environ.get("BIG_BYTES", "600000")))
+    for hostile_id in _ids("HOSTILE_WORKFLOWS"):
+        with SetWorkflowID(hostile_id):
+            hostile(HOSTILE_NAME)
     if os.environ.get("SCHEDULE"):
         DBOS.create_schedule(schedule_name=os.environ["SCHEDULE"], workflow_fn=scheduled, schedule="0 0 * * * *")
     workflow_id = os.environ.get("START_WORKFLOW")

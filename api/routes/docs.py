@@ -4,7 +4,7 @@ itself, so they render on a host with no internet. FastAPI's own pages load thei
 The assets are the ones the ``fastapi-offline`` package ships: swagger-ui-dist 5 (FastAPI writes OpenAPI 3.1,
 which Swagger UI 4 shows as "Unable to render this definition") and ReDoc's standalone bundle, served with the one
 URL it would load from elsewhere taken out (its "API docs by Redocly" badge's logo, from cdn.redoc.ly: the badge
-then shows its text alone). ``GET /`` sends a browser to ``/docs``. The pages are unauthenticated, as
+then shows its text alone). ``GET /`` sends a browser to the console, ``/console``. The pages are unauthenticated, as
 ``/openapi.json`` is, and left out of the OpenAPI document.
 """
 
@@ -48,8 +48,8 @@ def _urls(request: Request) -> tuple[str, str]:
 
 @router.get("/")
 async def root(request: Request) -> RedirectResponse:
-    """A browser pointed at the gateway's address lands on the API's documentation."""
-    return RedirectResponse(f"{request.scope.get('root_path', '')}/docs", status_code=307)
+    """A browser pointed at the gateway's address lands on the console (``api/routes/console.py``)."""
+    return RedirectResponse(f"{request.scope.get('root_path', '')}/console", status_code=307)
 
 
 @router.get("/docs")

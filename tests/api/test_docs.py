@@ -122,7 +122,7 @@ async def test_redoc_bundle_loads_nothing_from_another_host(client: httpx.AsyncC
     assert again.status_code == 304 and again.content == b""
 
 
-async def test_the_root_leads_to_the_docs(client: httpx.AsyncClient) -> None:
+async def test_the_root_leads_to_the_console(client: httpx.AsyncClient) -> None:
     response = await client.get("/")
     assert response.status_code == 307
-    assert response.headers["location"] == f"{ROOT}/docs"
+    assert response.headers["location"] == f"{ROOT}/console"

@@ -251,10 +251,13 @@ def test_the_walkthrough_recovers_and_starts_over(shell: Shell) -> None:
 # -- what `make run` prints, and where the gateway's address leads -------------------------------------------------
 
 
-def test_the_banner_names_the_docs_and_the_root_leads_there(readme_relay: Relay) -> None:
+def test_the_banner_names_the_console_and_the_docs_and_the_root_leads_to_the_console(readme_relay: Relay) -> None:
     output = readme_relay.process.output()
+    assert f"console:       {readme_relay.url}/console\n" in output, output[-3000:]
     assert f"API docs:      {readme_relay.url}/docs\n" in output, output[-3000:]
     assert not [line for line in output.splitlines() if "alembic" in line.lower()], output[-3000:]
     response = httpx.get(readme_relay.url + "/", timeout=10, follow_redirects=True)
-    assert response.status_code == 200 and response.url.path == "/docs"
-    assert "swagger-ui" in response.text
+    assert response.status_code == 200 and response.url.path == "/console"
+    assert "Relay Console" in response.text
+    docs = httpx.get(readme_relay.url + "/docs", timeout=10)
+    assert docs.status_code == 200 and "swagger-ui" in docs.text

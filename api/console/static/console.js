@@ -1,0 +1,522 @@
+// Relay Console: fills the page the gateway rendered (api/routes/console.py) from Relay's public REST API, with the
+// API key the user entered once. The key lives in this tab's sessionStorage and goes only into the Authorization
+// header of requests to this origin: never into a URL, a cookie or the page.
+//
+// Everything an application wrote (workflow names, inputs, outputs, errors, executor metadata) is put into the page
+// as text (textContent, text nodes), never as markup: no innerHTML anywhere in this file.
+'use strict';
+
+(() => {
+  const KEY = 'relay.key';
+  const ORG = 'relay.org';
+  const POLL_MS = 1000;
+  const PAGE_SIZE = 50;
+  const FOLD_CHARS = 2000;
+
+  const main = document.getElementById('main');
+  const ds = main.dataset;
+  const session = window.sessionStorage;
+  const $ = (id) => document.getElementById(id);
+
+  // -- DOM, as text only ----------------------------------------------------------------------------------------
+
+  function el(tag, props, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(props || {})) {
+      if (value === undefined || value === null || value === false) continue;
+      if (name === 'class') node.className = value;
+      else if (name === 'text') node.textContent = String(value);
+      else if (name.startsWith('on')) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? '' : String(value));
+    }
+    for (const child of children) {
+      if (child === undefined || child === null) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  function fill(parent, ...children) {
+    parent.replaceChildren(...children.filter((c) => c !== undefined && c !== null));
+  }
+
+  function link(href, text) {
+    return el('a', { href }, text);
+  }
+
+  // -- units --------------------------------------------------------------------------------------------------
+
+  function duration(ms) {
+    if (ms === null || ms === undefined) return 'off';
+    const s = ms / 1000;
+    if (s < 120) return `${+s.toFixed(3)} s`;
+    if (s < 7200) return `${+(s / 60).toFixed(1)} min`;
+    if (s < 172800) return `${+(s / 3600).toFixed(1)} h`;
+    return `${+(s / 86400).toFixed(1)} days`;
+  }
+
+  function when(iso) {
+    if (!iso) return '';
+    const d = new Date(iso);
+    return Number.isNaN(d.getTime()) ? String(iso) : d.toLocaleString();
+  }
+
+  // -- the API ------------------------------------------------------------------------------------------------
+
+  class Problem extends Error {
+    constructor(status, detail) {
+      super(status === 403 ? `not allowed: ${detail}` : detail);
+      this.status = status;
+    }
+  }
+
+  // Bumped when the key changes: an answer to a request sent with the previous key is dropped, never shown.
+  let generation = 0;
+
+  async function api(path, { method = 'GET', body } = {}) {
+    const sent = generation;
+    const headers = { Authorization: `Bearer ${session.getItem(KEY)}`, Accept: 'application/json' };
+    if (body !== undefined) headers['Content-Type'] = 'application/json';
+    const org = encodeURIComponent(session.getItem(ORG) || 'local');
+    const response = await fetch(`${ds.root}/v2/orgs/${org}/${path}`, {
+      method, headers, body: body === undefined ? undefined : JSON.stringify(body), cache: 'no-store',
+      credentials: 'omit', referrerPolicy: 'no-referrer',
+    });
+    if (sent !== generation) return new Promise(() => undefined);
+    if (response.status === 401) {
+      signOut('Relay refused this key (401). Enter another.');
+      throw new Problem(401, 'the key was refused');
+    }
+    const text = await response.text();
+    let data = null;
+    try {
+      data = text ? JSON.parse(text) : null;
+    } catch {
+      data = null;
+    }
+    if (!response.ok) {
+      const detail = (data && (data.detail || data.title)) || response.statusText || `HTTP ${response.status}`;
+      throw new Problem(response.status, String(detail));
+    }
+    return data;
+  }
+
+  const app = () => encodeURIComponent(ds.app);
+  const appPath = (rest) => `apps/${app()}/${rest}`;
+
+  function say(target, err) {
+    target.textContent = err instanceof Error ? err.message : String(err);
+  }
+
+  function notice(message) {
+    const box = $('notice');
+    box.hidden = !message;
+    box.textContent = message || '';
+  }
+
+  // -- the key ------------------------------------------------------------------------------------------------
+
+  function signOut(message) {
+    generation += 1;
+    session.removeItem(KEY);
+    main.hidden = true;
+    $('session').hidden = true;
+    $('signin').hidden = false;
+    $('signin-error').textContent = message || '';
+    stopPolls();
+  }
+
+  function signedIn() {
+    $('signin').hidden = true;
+    $('session').hidden = false;
+    $('session-org').textContent = `org ${session.getItem(ORG) || 'local'}`;
+    main.hidden = false;
+    (PAGES[ds.page] || (() => undefined))();
+  }
+
+  $('signin-form').addEventListener('submit', (event) => {
+    event.preventDefault();
+    session.setItem(ORG, $('signin-org').value.trim() || 'local');
+    session.setItem(KEY, $('signin-key').value);
+    $('signin-key').value = '';
+    signedIn();
+  });
+  $('forget').addEventListener('click', () => signOut(''));
+
+  // -- polling, paused while the tab is hidden ----------------------------------------------------------------
+
+  const polls = [];
+  function poll(fn) {
+    let busy = false;
+    const run = async () => {
+      if (busy || document.hidden) return;
+      busy = true;
+      try {
+        await fn();
+      } finally {
+        busy = false;
+      }
+    };
+    run();
+    polls.push(setInterval(run, POLL_MS));
+  }
+  function stopPolls() {
+    while (polls.length) clearInterval(polls.pop());
+  }
+
+  // -- pages --------------------------------------------------------------------------------------------------
+
+  function counts(items, key) {
+    const out = new Map();
+    for (const item of items) out.set(item[key], (out.get(item[key]) || 0) + 1);
+    return [...out.entries()].sort().map(([k, n]) => `${n} ${k}`).join(', ');
+  }
+
+  async function appsPage() {
+    const body = $('apps').tBodies[0];
+    try {
+      const apps = await api('apps');
+      fill(body, ...apps.map((a) => el('tr', { 'data-app': a.name },
+        el('td', {}, link(`${ds.console}/apps/${encodeURIComponent(a.name)}`, a.name)),
+        el('td', { class: 'executors' }, '…'), el('td', { class: 'versions' }, ''),
+        el('td', {}, `${a.executorTimeoutSecs} s`),
+        el('td', {}, `${duration(a.gcTimeThresholdMs)} (${a.gcTimeThresholdMs ?? 'null'} ms)`),
+        el('td', {}, `${duration(a.globalTimeoutMs)} (${a.globalTimeoutMs ?? 'null'} ms)`))));
+      if (!apps.length) fill(body, el('tr', {}, el('td', { colspan: 6 }, 'No application yet.')));
+      await Promise.all(apps.map(async (a) => {
+        const row = body.querySelector(`tr[data-app="${CSS.escape(a.name)}"]`);
+        try {
+          const executors = await api(`apps/${encodeURIComponent(a.name)}/executors`);
+          row.querySelector('.executors').textContent = counts(executors, 'status') || 'none';
+          row.querySelector('.versions').textContent = counts(executors, 'appVersion');
+        } catch (err) {
+          say(row.querySelector('.executors'), err);
+        }
+      }));
+    } catch (err) {
+      if (err.status !== 401) fill(body, el('tr', {}, el('td', { colspan: 6, class: 'error' }, err.message)));
+    }
+  }
+
+  async function settings() {
+    const a = await api(`apps/${app()}`);
+    const rows = [
+      ['Grace before DEAD', `${a.executorTimeoutSecs} s`, `executorTimeoutSecs ${a.executorTimeoutSecs}`],
+      ['Retention', duration(a.gcTimeThresholdMs), `gcTimeThresholdMs ${a.gcTimeThresholdMs ?? 'null'}`],
+      ['Rows kept', a.gcRowsThreshold ?? 'no limit', `gcRowsThreshold ${a.gcRowsThreshold ?? 'null'}`],
+      ['Global timeout', duration(a.globalTimeoutMs), `globalTimeoutMs ${a.globalTimeoutMs ?? 'null'}`],
+      ['Cross-version recovery', a.crossVersionRecovery ? 'on' : 'off', ''],
+      ['Language', a.language || 'unknown', ''],
+    ];
+    fill($('settings'), ...rows.flatMap(([name, value, raw]) => [
+      el('dt', {}, name), el('dd', {}, value, raw ? el('span', { class: 'raw' }, ` (${raw})`) : null)]));
+    if (document.activeElement !== $('grace')) $('grace').value = a.executorTimeoutSecs;
+  }
+
+  async function executors(drained) {
+    const list = await api(appPath('executors'));
+    const body = $('executors').tBodies[0];
+    fill(body, ...list.map((e) => {
+      const drain = drained.get(e.executorId);
+      const toggle = el('button', {
+        type: 'button',
+        onclick: () => toggleDrain(e.executorId, Boolean(drain)),
+      }, drain ? 'Undrain' : 'Drain');
+      return el('tr', { 'data-executor': e.executorId, 'data-status': e.status },
+        el('td', {}, el('code', {}, e.executorId)),
+        el('td', { class: `status ${e.status}` }, e.status),
+        el('td', {}, e.appVersion), el('td', {}, e.hostname), el('td', {}, e.language),
+        el('td', {}, e.dbosVersion), el('td', {}, when(e.createdAt)),
+        el('td', {}, el('code', { class: 'metadata' }, e.executorMetadata ? JSON.stringify(e.executorMetadata) : '')),
+        el('td', {}, drain ? `drained until ${when(drain.until)} ` : '', toggle));
+    }));
+    if (!list.length) fill(body, el('tr', {}, el('td', { colspan: 9 }, 'No executor connected.')));
+  }
+
+  async function toggleDrain(executorId, drained) {
+    try {
+      if (drained) await api(appPath(`executors/${encodeURIComponent(executorId)}/drain`), { method: 'DELETE' });
+      else {
+        await api(appPath(`executors/${encodeURIComponent(executorId)}/drain`),
+          { method: 'PUT', body: { expiresInSecs: 3600, reason: 'drained from the console' } });
+      }
+      notice('');
+    } catch (err) {
+      notice(err.message);
+    }
+  }
+
+  function lifecycleLink(executorId) {
+    if (!ds.temporalUi) return null;
+    const id = `relay-executor/${session.getItem(ORG) || 'local'}/${ds.app}/${executorId}`;
+    return el('a', { href: ds.temporalUi + encodeURIComponent(id), rel: 'noreferrer', target: '_blank' },
+      'lifecycle workflow');
+  }
+
+  async function lifecycle() {
+    const target = $('events');
+    try {
+      const rows = await api(`audit-logs?target=${app()}&limit=50`);
+      const shown = rows.filter((r) => r.operation.startsWith('executor.'));
+      fill(target, ...shown.map((r) => {
+        const executorId = r.details && r.details.executorId;
+        const recovery = r.operation.startsWith('executor.recovery.');
+        return el('li', { 'data-operation': r.operation, class: r.status === 'failure' ? 'failed' : null },
+          el('time', {}, when(r.emitTime)), ' ', el('strong', {}, r.operation), ' ',
+          executorId ? el('code', {}, executorId) : null, ' ',
+          recovery && executorId ? lifecycleLink(executorId) : null);
+      }));
+      if (!shown.length) fill(target, el('li', {}, 'Nothing yet.'));
+    } catch (err) {
+      fill(target, el('li', { class: 'error' }, err.message));
+    }
+  }
+
+  async function appPage() {
+    $('settings-form').addEventListener('submit', async (event) => {
+      event.preventDefault();
+      $('settings-error').textContent = '';
+      try {
+        await api(`apps/${app()}`, { method: 'PATCH', body: { executorTimeoutSecs: Number($('grace').value) } });
+        $('grace').blur();
+        await settings();
+      } catch (err) {
+        say($('settings-error'), err);
+      }
+    });
+    try {
+      await settings();
+    } catch (err) {
+      fill($('settings'), el('dd', { class: 'error' }, err.message));
+    }
+    poll(async () => {
+      try {
+        let drained = new Map();
+        try {
+          drained = new Map((await api(appPath('drains'))).filter((d) => d.active).map((d) => [d.executorId, d]));
+        } catch {
+          drained = new Map();
+        }
+        await executors(drained);
+      } catch (err) {
+        fill($('executors').tBodies[0], el('tr', {}, el('td', { colspan: 9, class: 'error' }, err.message)));
+      }
+    });
+    poll(lifecycle);
+  }
+
+  // -- workflows ----------------------------------------------------------------------------------------------
+
+  const LIST_FIELDS = ['status', 'workflowName', 'appVersion', 'queueName', 'workflowIdPrefix'];
+
+  function searchBody(params, offset) {
+    const body = { limit: PAGE_SIZE + 1, offset, sortDesc: true, loadInput: false, loadOutput: false };
+    for (const field of LIST_FIELDS) {
+      const value = params.get(field);
+      if (value) body[field] = [value];
+    }
+    for (const field of ['startTime', 'endTime']) {
+      const value = params.get(field);
+      if (value) body[field] = new Date(value).toISOString();
+    }
+    return body;
+  }
+
+  async function workflowsPage() {
+    const form = $('search');
+    const params = new URLSearchParams(window.location.search);
+    for (const [name, value] of params) if (form.elements[name]) form.elements[name].value = value;
+    let offset = Number(params.get('offset')) || 0;
+    const selected = new Set();
+
+    const bulkButtons = () => {
+      $('bulk-cancel').disabled = $('bulk-resume').disabled = selected.size === 0;
+    };
+
+    async function load() {
+      const body = $('workflows').tBodies[0];
+      selected.clear();
+      bulkButtons();
+      $('select-all').checked = false;
+      try {
+        const listed = await api(appPath('workflows/search'), { method: 'POST', body: searchBody(params, offset) });
+        const page = listed.slice(0, PAGE_SIZE);
+        fill(body, ...page.map((w) => el('tr', { 'data-workflow': w.workflowId },
+          el('td', {}, el('input', {
+            type: 'checkbox', 'aria-label': `Select ${w.workflowId}`,
+            onchange: (event) => {
+              if (event.target.checked) selected.add(w.workflowId);
+              else selected.delete(w.workflowId);
+              bulkButtons();
+            },
+          })),
+          el('td', {}, link(`${ds.console}/apps/${app()}/workflows/${encodeURIComponent(w.workflowId)}`, w.workflowId)),
+          el('td', {}, w.workflowName), el('td', { class: `status ${w.status}` }, w.status),
+          el('td', {}, w.appVersion), el('td', {}, w.queueName || ''), el('td', {}, when(w.createdAt)),
+          el('td', {}, el('code', {}, w.executorId || '')))));
+        if (!page.length) fill(body, el('tr', {}, el('td', { colspan: 8 }, 'No workflow matches.')));
+        $('previous').disabled = offset === 0;
+        $('next').disabled = listed.length <= PAGE_SIZE;
+        $('page-label').textContent = page.length ? `${offset + 1}–${offset + page.length}` : '';
+      } catch (err) {
+        fill(body, el('tr', {}, el('td', { colspan: 8, class: 'error' }, err.message)));
+      }
+    }
+
+    function go(newOffset) {
+      offset = Math.max(0, newOffset);
+      if (offset) params.set('offset', String(offset));
+      else params.delete('offset');
+      window.history.replaceState(null, '', `?${params}`);
+      load();
+    }
+
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      for (const element of form.elements) {
+        if (!element.name) continue;
+        if (element.value) params.set(element.name, element.value);
+        else params.delete(element.name);
+      }
+      go(0);
+    });
+    $('previous').addEventListener('click', () => go(offset - PAGE_SIZE));
+    $('next').addEventListener('click', () => go(offset + PAGE_SIZE));
+    $('select-all').addEventListener('change', (event) => {
+      for (const box of $('workflows').tBodies[0].querySelectorAll('input[type=checkbox]')) {
+        if (box.checked !== event.target.checked) box.click();
+      }
+    });
+    for (const [id, path, verb] of [['bulk-cancel', 'bulk-cancel', 'Cancel'],
+      ['bulk-resume', 'bulk-resume', 'Resume']]) {
+      $(id).addEventListener('click', async () => {
+        const ids = [...selected];
+        if (!window.confirm(`${verb} ${ids.length} workflow(s): ${ids.join(', ')}?`)) return;
+        try {
+          await api(appPath(`workflows/${path}`), { method: 'POST', body: { workflowIds: ids } });
+          $('bulk-error').textContent = '';
+          await load();
+        } catch (err) {
+          say($('bulk-error'), err);
+        }
+      });
+    }
+    await load();
+  }
+
+  function pretty(value) {
+    if (value === null || value === undefined) return 'none';
+    try {
+      return JSON.stringify(JSON.parse(value), null, 2);
+    } catch {
+      return String(value);
+    }
+  }
+
+  function block(title, value) {
+    const text = pretty(value);
+    const pre = el('pre', {}, text);
+    if (text.length <= FOLD_CHARS) return el('div', { class: 'io' }, el('h3', {}, title), pre);
+    return el('details', { class: 'io' }, el('summary', {}, `${title} (${text.length} characters)`), pre);
+  }
+
+  function timeline(steps) {
+    const spans = steps.map((s) => {
+      const start = s.startedAt ? Date.parse(s.startedAt) : NaN;
+      const end = s.completedAt ? Date.parse(s.completedAt) : NaN;
+      return Number.isNaN(start) || Number.isNaN(end) ? null : Math.max(0, end - start);
+    });
+    const longest = Math.max(1, ...spans.filter((s) => s !== null));
+    return steps.map((s, i) => {
+      const ms = spans[i];
+      const bar = el('span', { class: 'bar', role: 'presentation' });
+      bar.style.width = `${ms === null ? 0 : Math.max(0.5, (100 * ms) / longest)}%`;
+      return el('li', { class: s.error ? 'step failed' : 'step', 'data-step': s.stepId },
+        el('span', { class: 'step-id' }, `#${s.stepId}`), ' ', el('span', { class: 'step-name' }, s.stepName), ' ',
+        el('span', { class: 'track' }, bar), ' ',
+        el('span', { class: 'step-ms' }, ms === null ? 'running' : `${ms} ms`),
+        s.error ? el('pre', { class: 'error' }, s.error) : null,
+        s.output !== null && s.output !== undefined ? el('code', { class: 'step-output' }, s.output) : null);
+    });
+  }
+
+  async function workflowPage() {
+    const id = ds.workflow;
+    const path = appPath(`workflows/${encodeURIComponent(id)}`);
+    const done = $('action-done');
+    const error = $('action-error');
+
+    let status = null;
+    let timer = null;
+    async function follow() {  // a running workflow's page follows it until it ends
+      clearTimeout(timer);
+      await load();
+      if (status === 'PENDING' || status === 'ENQUEUED') timer = setTimeout(follow, POLL_MS);
+    }
+
+    async function load() {
+      try {
+        const w = await api(path);
+        status = w.status;
+        fill($('summary'), ...[
+          ['Status', w.status], ['Name', w.workflowName], ['Version', w.appVersion], ['Executor', w.executorId],
+          ['Queue', w.queueName], ['Created', when(w.createdAt)], ['Updated', when(w.updatedAt)],
+          ['Forked from', w.forkedFrom],
+        ].filter(([, v]) => v).flatMap(([k, v]) => [el('dt', {}, k), el('dd', { 'data-field': k }, v)]));
+        fill($('io'), block('Input', w.input), block('Output', w.output), w.error ? block('Error', w.error) : null);
+      } catch (err) {
+        fill($('summary'), el('dd', { class: 'error' }, err.message));
+      }
+      try {
+        const steps = await api(`${path}/steps`);
+        fill($('steps'), ...timeline(steps));
+        if (!steps.length) fill($('steps'), el('li', {}, 'No step yet.'));
+        const select = $('fork-step');
+        const chosen = select.value;
+        fill(select, el('option', { value: '0' }, 'the start'), ...steps.map((s) => el('option',
+          { value: String(s.stepId) }, `#${s.stepId} ${s.stepName}`)));
+        if (chosen) select.value = chosen;
+      } catch (err) {
+        fill($('steps'), el('li', { class: 'error' }, err.message));
+      }
+      try {
+        const events = await api(`${path}/events`);
+        fill($('wf-events'), ...events.flatMap((e) => [el('dt', {}, e.key), el('dd', {}, pretty(e.value))]));
+      } catch (err) {
+        fill($('wf-events'), el('dd', { class: 'muted' }, err.message));
+      }
+    }
+
+    async function act(verb, request, after) {
+      if (!window.confirm(`${verb} workflow ${id}?`)) return;
+      error.textContent = '';
+      done.textContent = '';
+      try {
+        const reply = await request();
+        after(reply);
+        await follow();
+      } catch (err) {
+        say(error, err);
+      }
+    }
+
+    $('cancel').addEventListener('click', () => act('Cancel', () => api(`${path}/cancel`, { method: 'POST', body: {} }),
+      () => { done.textContent = 'Cancelled.'; }));
+    $('resume').addEventListener('click', () => act('Resume', () => api(`${path}/resume`, { method: 'POST', body: {} }),
+      () => { done.textContent = 'Resumed.'; }));
+    $('fork').addEventListener('click', () => {
+      const step = Number($('fork-step').value) || 0;
+      act(`Fork from step ${step}`, () => api(`${path}/fork`, { method: 'POST', body: { startStep: step } }),
+        (reply) => {
+          fill(done, 'Forked: ', link(`${ds.console}/apps/${app()}/workflows/${encodeURIComponent(reply.workflowId)}`,
+            reply.workflowId));
+        });
+    });
+    await follow();
+  }
+
+  const PAGES = { apps: appsPage, app: appPage, workflows: workflowsPage, workflow: workflowPage };
+
+  if (session.getItem(KEY)) signedIn();
+  else signOut('');
+})();
