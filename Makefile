@@ -67,6 +67,29 @@ $(JAVA_JAR): $(JAVA_EXECUTOR)/pom.xml $(wildcard $(JAVA_EXECUTOR)/src/main/java/
 		$(wildcard $(JAVA_EXECUTOR)/src/main/resources/*)
 	cd $(JAVA_EXECUTOR) && mvn -q -B package -DskipTests
 
+# The current TypeScript SDK's executor of the end-to-end tests (@dbos-inc/dbos-sdk 5.3.0, pinned in its
+# package-lock.json) and Relay's own client for it (clients/typescript, built with its pinned tsc, then installed into
+# the executor as a copy, as a user's `npm install` of the package would: a link would load a second SDK).
+TS_CLIENT := clients/typescript
+TS_CURRENT := tests/executors/typescript-current
+TS_CURRENT_STAMP := $(TS_CURRENT)/node_modules/.installed
+
+$(TS_CURRENT_STAMP): $(TS_CURRENT)/package.json $(TS_CURRENT)/package-lock.json $(TS_CLIENT)/package.json \
+		$(TS_CLIENT)/package-lock.json $(TS_CLIENT)/tsconfig.json $(wildcard $(TS_CLIENT)/src/*.ts)
+	cd $(TS_CLIENT) && npm ci --no-audit --no-fund && npm run build
+	cd $(TS_CURRENT) && npm ci --no-audit --no-fund --install-links
+	touch $(TS_CURRENT_STAMP)
+
+# The current Go SDK's executor of the end-to-end tests (dbos-transact-golang v1.9.0, pinned in its go.mod/go.sum)
+# with Relay's own client for it (clients/go, by a replace directive), built once from the Go module proxy; Go >= 1.26.
+GO_CLIENT := clients/go
+GO_CURRENT := tests/executors/go-current
+GO_CURRENT_BIN := $(GO_CURRENT)/bin/executor
+
+$(GO_CURRENT_BIN): $(GO_CURRENT)/main.go $(GO_CURRENT)/go.mod $(GO_CURRENT)/go.sum $(GO_CLIENT)/go.mod \
+		$(GO_CLIENT)/go.sum $(wildcard $(GO_CLIENT)/*.go)
+	cd $(GO_CURRENT) && GOFLAGS=-mod=readonly GOTOOLCHAIN=local go build -o bin/executor .
+
 # The current Python SDK's executor of the end-to-end tests (dbos 3.4.0, pinned in its requirements.txt) and Relay's
 # own client for it (clients/python, installed from the checkout as a user would: not editable, so its sources are
 # prerequisites), in a venv of their own: the suite's venv keeps dbos 3.2.0, whose conductor client is built in.
@@ -81,27 +104,34 @@ $(PY_STAMP): $(PY_EXECUTOR)/requirements.txt $(CLIENT)/pyproject.toml $(wildcard
 	  -r $(PY_EXECUTOR)/requirements.txt './$(CLIENT)[test]'
 	touch $(PY_STAMP)
 
-# The client's own checks, in its venv (the suite's has another dbos): its types and its unit tests.
-client-check: $(PY_STAMP)
+# Every SDK's executor of the end-to-end tests, built.
+EXECUTORS_BUILT := $(TS_STAMP) $(GO_BIN) $(JAVA_JAR) $(PY_STAMP) $(TS_CURRENT_STAMP) $(GO_CURRENT_BIN)
+
+# The clients' own checks: Python's in its venv (the suite's has another dbos), its types and its unit tests;
+# TypeScript's types (its build) and unit tests; Go's vet and unit tests.
+client-check: $(PY_STAMP) $(TS_CURRENT_STAMP) $(GO_CURRENT_BIN)
 	cd $(CLIENT) && ../../$(PY_EXECUTOR)/.venv/bin/mypy --strict relay_dbos tests
 	$(PY_CURRENT) -m pytest -q -p no:cacheprovider $(CLIENT)/tests
+	cd $(TS_CLIENT) && npm test
+	cd $(GO_CLIENT) && GOFLAGS=-mod=readonly GOTOOLCHAIN=local go vet ./... && \
+	  GOFLAGS=-mod=readonly GOTOOLCHAIN=local go test -count=1 ./...
 
 # ruff, then tests/tiers.py: mypy beside the tiers without real processes (over every core, as in `make check`), in a
 # low-weight CPU cgroup; then the e2e tests one at a time (their timings are real) and, beside them in that group,
 # those marked `concurrent` (they assert no timing) two at a time, a module per worker. RELAY_TEST_TIERS=apart: the
 # concurrent tier first; RELAY_TEST_TIERS=sequential: everything one after the other, no cgroup. Every test, once.
-test: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR) $(PY_STAMP)
+test: $(STAMP) system-deps $(EXECUTORS_BUILT)
 	$(VENV)/bin/ruff check .
 	$(MAKE) --no-print-directory client-check
 	$(PY) -m tests.tiers
 
-# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python|python-current` (tests/e2e/test_sdks.py
-# for that SDK; for python, dbos==3.2.0, also its own recovery and liveness end-to-end tests; for python-current,
-# dbos 3.4.0 through Relay's client, also that client's end-to-end tests).
+# One SDK's end-to-end tests alone: `make test-sdk SDK=typescript|go|java|python|python-current|typescript-current|
+# go-current` (tests/e2e/test_sdks.py for that SDK; for python, dbos==3.2.0, also its own recovery and liveness
+# end-to-end tests; for a current release through Relay's client, also that client's end-to-end tests).
 SDK ?= python
 SDK_TESTS = tests/e2e/test_sdks.py $(if $(filter python,$(SDK)),tests/e2e/test_recovery.py tests/e2e/test_liveness.py) \
-	$(if $(filter python-current,$(SDK)),tests/e2e/test_relay_client.py)
-test-sdk: $(STAMP) system-deps $(TS_STAMP) $(GO_BIN) $(JAVA_JAR) $(PY_STAMP)
+	$(if $(filter %-current,$(SDK)),tests/e2e/test_relay_client.py)
+test-sdk: $(STAMP) system-deps $(EXECUTORS_BUILT)
 	$(PY) -m pytest -q -s --sdk=$(SDK) $(SDK_TESTS)
 
 # Lint, types, and every test tier but e2e (tests/unit, tests/workflows, tests/api): no real processes, no

@@ -51,7 +51,8 @@ class DropTestServerNoise(logging.Filter):
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--sdk", action="append", default=[],
-                     choices=["python", "python-current", "typescript", "go", "java"],
+                     choices=["python", "python-current", "typescript", "typescript-current", "go", "go-current",
+                              "java"],
                      help="tests/e2e/test_sdks.py: run this SDK's executors only (repeatable; default: all)")
 
 

@@ -155,6 +155,20 @@ def _go() -> list[str]:
     return [str(binary)]
 
 
+def _typescript_current() -> list[str]:
+    node = shutil.which("node")
+    if node is None:
+        pytest.fail("node is not on PATH: the TypeScript executor needs Node >= 20")
+    _installed(EXECUTORS / "typescript-current" / "node_modules" / ".installed", "typescript-current")
+    return [node, "executor.js"]
+
+
+def _go_current() -> list[str]:
+    binary = EXECUTORS / "go-current" / "bin" / "executor"
+    _installed(binary, "go-current")
+    return [str(binary)]
+
+
 def _java() -> list[str]:
     java, jar = shutil.which("java"), EXECUTORS / "java" / "target" / "executor.jar"
     if java is None:
@@ -176,6 +190,12 @@ SDKS = {
     "go": Sdk("go", "v1.6.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go),
     "java": Sdk("java", "1.1.0-m6", postgres_only=True, pong_timeout=timedelta(seconds=15),
                 command=_java),
+    # The current TypeScript and Go releases, through Relay's own clients (clients/typescript, clients/go).
+    "typescript-current": Sdk("typescript-current", "5.3.0", postgres_only=True, pong_timeout=timedelta(seconds=15),
+                              command=_typescript_current, cwd=EXECUTORS / "typescript-current",
+                              language="typescript"),
+    "go-current": Sdk("go-current", "v1.9.0", postgres_only=False, pong_timeout=timedelta(seconds=15),
+                      command=_go_current, language="go"),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 import pytest
@@ -271,6 +272,28 @@ def test_the_python_client_stays_off_dbos_proprietary_code() -> None:
         modules = _modules(path)
         assert not {m for m in modules if m.split(".")[0] == "dbos_enterprise" or "_enterprise" in m}, path
         assert _conductor_settings(path) == [], path
+
+
+# The TypeScript and Go clients, read as text: an import of the add-on, a conductor key or URL set, or a conductor
+# factory registered. Comments may name them (the READMEs and headers say why they never do).
+FORBIDDEN = {
+    "typescript": re.compile(r"""(from|require\()\s*['"]@dbos-inc/dbos-enterprise|\bconductorKey\s*[:=]|"""
+                             r"""\bconductorURL\s*[:=]|registerConductor"""),
+    "go": re.compile(r""""go\.dbos\.dev/dbos-enterprise-go|\bConductorAPIKey\s*:|\bConductorURL\s*:|"""
+                     r"""RegisterConductor"""),
+}
+COMMENT = {"typescript": re.compile(r"^\s*(//|\*|/\*)"), "go": re.compile(r"^\s*//")}
+
+
+@pytest.mark.parametrize(("language", "pattern"), [("typescript", "src/**/*.ts"), ("go", "*.go")])
+def test_the_typescript_and_go_clients_stay_off_dbos_proprietary_code(language: str, pattern: str) -> None:
+    sources = sorted((CLIENTS / language).glob(pattern))
+    assert sources, f"no {language} client sources found"
+    for path in sources:
+        code = [line for line in path.read_text().splitlines() if not COMMENT[language].match(line)]
+        assert not [line for line in code if FORBIDDEN[language].search(line)], path
+    assert FORBIDDEN["go"].search('import _ "go.dbos.dev/dbos-enterprise-go"')
+    assert FORBIDDEN["typescript"].search("DBOS.setConfig({ conductorKey: key })")
 
 
 CONDUCTOR_SETTINGS = ("conductor_key", "conductor_url")
