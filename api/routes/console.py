@@ -99,6 +99,26 @@ async def workflow_page(request: Request, app: AppName, workflow_id: str) -> HTM
     return _page(request, "workflow.html", page="workflow", app=app, workflow=workflow_id)
 
 
+@router.get(PREFIX + "/apps/{app}/queues")
+async def queues_page(request: Request, app: AppName) -> HTMLResponse:
+    return _page(request, "queues.html", page="queues", app=app)
+
+
+@router.get(PREFIX + "/apps/{app}/alerts")
+async def alerts_page(request: Request, app: AppName) -> HTMLResponse:
+    return _page(request, "alerts.html", page="alerts", app=app)
+
+
+@router.get(PREFIX + "/keys")
+async def keys_page(request: Request) -> HTMLResponse:
+    return _page(request, "keys.html", page="keys")
+
+
+@router.get(PREFIX + "/audit")
+async def audit_page(request: Request) -> HTMLResponse:
+    return _page(request, "audit.html", page="audit")
+
+
 @router.get(PREFIX + "/assets/{name}")
 async def asset(name: str, request: Request) -> Response:
     """The console's script or style sheet, with an ETag: a browser revalidates instead of reloading."""

@@ -17,7 +17,8 @@ from api.routes.console import ASSETS, CONSOLE, POLICY, temporal_ui
 from core.settings import Settings
 
 ROOT = "/relay"
-PAGES = ["/console", "/console/apps/orders", "/console/apps/orders/workflows", "/console/apps/orders/workflows/w-1"]
+PAGES = ["/console", "/console/apps/orders", "/console/apps/orders/workflows", "/console/apps/orders/workflows/w-1",
+         "/console/apps/orders/queues", "/console/apps/orders/alerts", "/console/keys", "/console/audit"]
 URL = re.compile(r"""(?:href|src|action)="([^"]*)\"""")
 
 

@@ -119,6 +119,8 @@
   function signOut(message) {
     generation += 1;
     session.removeItem(KEY);
+    // Nothing read with the previous key stays on the page for the next one to see.
+    for (const shown of main.querySelectorAll('tbody, dl, ol, #io, #secret-value')) shown.replaceChildren();
     main.hidden = true;
     $('session').hidden = true;
     $('signin').hidden = false;
@@ -515,7 +517,243 @@
     await follow();
   }
 
-  const PAGES = { apps: appsPage, app: appPage, workflows: workflowsPage, workflow: workflowPage };
+  // -- queues and schedules ------------------------------------------------------------------------------------
+
+  async function queuesPage() {
+    const error = $('schedules-error');
+    const done = $('schedules-done');
+    try {
+      const queues = await api(appPath('queues'));
+      fill($('queues').tBodies[0], ...queues.map((q) => el('tr', { 'data-queue': q.name },
+        el('td', {}, q.name), el('td', {}, q.concurrency ?? 'no limit'), el('td', {}, q.workerConcurrency ?? 'no limit'),
+        el('td', {}, q.rateLimitMax ? `${q.rateLimitMax} per ${q.rateLimitPeriodSecs} s` : 'none'),
+        el('td', {}, q.priorityEnabled ? 'yes' : 'no'), el('td', {}, q.partitionQueue ? 'yes' : 'no'))));
+      if (!queues.length) fill($('queues').tBodies[0], el('tr', {}, el('td', { colspan: 6 }, 'No queue.')));
+    } catch (err) {
+      fill($('queues').tBodies[0], el('tr', {}, el('td', { colspan: 6, class: 'error' }, err.message)));
+    }
+
+    async function act(name, verb, path) {
+      if (!window.confirm(`${verb} schedule ${name}?`)) return;
+      error.textContent = '';
+      try {
+        const reply = await api(appPath(`schedules/${encodeURIComponent(name)}/${path}`), { method: 'POST' });
+        done.textContent = `${verb}: ${name}${reply && reply.workflowId ? ` (workflow ${reply.workflowId})` : ''}`;
+        await load();
+      } catch (err) {
+        say(error, err);
+      }
+    }
+
+    async function load() {
+      try {
+        const schedules = await api(appPath('schedules'));
+        fill($('schedules').tBodies[0], ...schedules.map((x) => el('tr', { 'data-schedule': x.scheduleName },
+          el('td', {}, x.scheduleName), el('td', {}, x.workflowName), el('td', {}, el('code', {}, x.cronExpression)),
+          el('td', { class: `status ${x.status}` }, x.status), el('td', {}, when(x.lastFiredAt)),
+          el('td', {},
+            x.status === 'PAUSED'
+              ? el('button', { type: 'button', onclick: () => act(x.scheduleName, 'Resume', 'resume') }, 'Resume')
+              : el('button', { type: 'button', onclick: () => act(x.scheduleName, 'Pause', 'pause') }, 'Pause'),
+            ' ', el('button', { type: 'button', onclick: () => act(x.scheduleName, 'Trigger', 'trigger') }, 'Trigger'))
+        )));
+        if (!schedules.length) fill($('schedules').tBodies[0], el('tr', {}, el('td', { colspan: 6 }, 'No schedule.')));
+        const select = $('backfill-schedule');
+        const chosen = select.value;
+        fill(select, ...schedules.map((x) => el('option', {}, x.scheduleName)));
+        if (chosen) select.value = chosen;
+      } catch (err) {
+        fill($('schedules').tBodies[0], el('tr', {}, el('td', { colspan: 6, class: 'error' }, err.message)));
+      }
+    }
+
+    $('backfill').addEventListener('submit', async (event) => {
+      event.preventDefault();
+      const name = $('backfill-schedule').value;
+      const start = new Date($('backfill-start').value);
+      const end = new Date($('backfill-end').value);
+      if (!window.confirm(`Backfill schedule ${name} from ${start.toLocaleString()} to ${end.toLocaleString()}?`)) {
+        return;
+      }
+      error.textContent = '';
+      try {
+        const reply = await api(appPath(`schedules/${encodeURIComponent(name)}/backfill`),
+          { method: 'POST', body: { startTime: start.toISOString(), endTime: end.toISOString() } });
+        done.textContent = `Backfilled ${name}: ${reply.workflowIds.length} workflow(s)`;
+      } catch (err) {
+        say(error, err);
+      }
+    });
+    await load();
+  }
+
+  // -- alert rules --------------------------------------------------------------------------------------------
+
+  async function alertsPage() {
+    const error = $('rules-error');
+    async function load() {
+      try {
+        const rules = await api(appPath('alerting-rules'));
+        fill($('rules').tBodies[0], ...rules.map((r) => el('tr', { 'data-rule': r.id },
+          el('td', {}, el('code', {}, r.id)), el('td', {}, r.ruleType),
+          el('td', {}, el('code', {}, JSON.stringify(r.ruleMetadata))),
+          el('td', {}, r.minIntervalSecs === null || r.minIntervalSecs === undefined ? 'none' : `${r.minIntervalSecs} s`),
+          el('td', {}, r.receivingAppName), el('td', {}, when(r.lastFiredAt)),
+          el('td', {}, el('button', {
+            type: 'button',
+            onclick: async () => {
+              if (!window.confirm(`Delete alert rule ${r.id} (${r.ruleType})?`)) return;
+              try {
+                await api(appPath(`alerting-rules/${encodeURIComponent(r.id)}`), { method: 'DELETE' });
+                await load();
+              } catch (err) {
+                say(error, err);
+              }
+            },
+          }, 'Delete')))));
+        if (!rules.length) fill($('rules').tBodies[0], el('tr', {}, el('td', { colspan: 7 }, 'No alert rule.')));
+      } catch (err) {
+        fill($('rules').tBodies[0], el('tr', {}, el('td', { colspan: 7, class: 'error' }, err.message)));
+      }
+    }
+    $('new-rule').addEventListener('submit', async (event) => {
+      event.preventDefault();
+      error.textContent = '';
+      let metadata;
+      try {
+        metadata = JSON.parse($('rule-metadata').value || '{}');
+      } catch {
+        error.textContent = 'Settings must be a JSON object, e.g. {"minFailures": 3}';
+        return;
+      }
+      const interval = $('rule-interval').value;
+      try {
+        await api(appPath('alerting-rules'), {
+          method: 'POST',
+          body: { ruleType: $('rule-type').value, ruleMetadata: metadata,
+            minIntervalSecs: interval === '' ? null : Number(interval) },
+        });
+        await load();
+      } catch (err) {
+        say(error, err);
+      }
+    });
+    await load();
+  }
+
+  // -- keys -----------------------------------------------------------------------------------------------------
+
+  async function keysPage() {
+    const error = $('tokens-error');
+    async function load() {
+      try {
+        const tokens = await api('tokens');
+        fill($('tokens').tBodies[0], ...tokens.map((t) => el('tr', { 'data-token': t.tokenName },
+          el('td', {}, t.tokenName), el('td', {}, t.appNames && t.appNames.length ? t.appNames.join(', ') : 'the whole org'),
+          el('td', {}, when(t.createdAt)),
+          el('td', {}, el('button', {
+            type: 'button',
+            onclick: async () => {
+              if (!window.confirm(`Revoke key ${t.tokenName}? Executors using it are disconnected.`)) return;
+              try {
+                await api(`tokens/${encodeURIComponent(t.tokenName)}`, { method: 'DELETE' });
+                await load();
+              } catch (err) {
+                say(error, err);
+              }
+            },
+          }, 'Revoke')))));
+        if (!tokens.length) fill($('tokens').tBodies[0], el('tr', {}, el('td', { colspan: 4 }, 'No key.')));
+      } catch (err) {
+        fill($('tokens').tBodies[0], el('tr', {}, el('td', { colspan: 4, class: 'error' }, err.message)));
+      }
+    }
+    $('new-token').addEventListener('submit', async (event) => {
+      event.preventDefault();
+      error.textContent = '';
+      const apps = $('token-apps').value.split(',').map((a) => a.trim()).filter(Boolean);
+      try {
+        const created = await api(`tokens/${encodeURIComponent($('token-name').value)}`,
+          { method: 'POST', body: { appNames: apps.length ? apps : null } });
+        $('secret').hidden = false;
+        $('secret-value').textContent = created.token;  // shown here once; never stored by the console
+        $('token-name').value = '';
+        await load();
+      } catch (err) {
+        say(error, err);
+      }
+    });
+    await load();
+  }
+
+  // -- the audit log ------------------------------------------------------------------------------------------
+
+  async function auditPage() {
+    const form = $('audit-filters');
+    const params = new URLSearchParams(window.location.search);
+    for (const [name, value] of params) if (form.elements[name]) form.elements[name].value = value;
+    let offset = Number(params.get('offset')) || 0;
+    let following = null;
+
+    async function load() {
+      const query = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
+      for (const name of ['operation', 'target', 'subject']) if (params.get(name)) query.set(name, params.get(name));
+      for (const name of ['startTime', 'endTime']) {
+        if (params.get(name)) query.set(name, new Date(params.get(name)).toISOString());
+      }
+      const body = $('audit').tBodies[0];
+      try {
+        const rows = await api(`audit-logs?${query}`);
+        const page = rows.slice(0, PAGE_SIZE);
+        fill(body, ...page.map((r) => el('tr', { 'data-operation': r.operation },
+          el('td', {}, when(r.emitTime)), el('td', {}, r.operation),
+          el('td', { class: r.status === 'failure' ? 'failed' : null }, r.status),
+          el('td', {}, `${r.target.type} ${r.target.id}`),
+          el('td', {}, r.subject.display || `${r.subject.type} ${r.subject.id}`),
+          el('td', {}, el('code', {}, r.details ? JSON.stringify(r.details) : '')))));
+        if (!page.length) fill(body, el('tr', {}, el('td', { colspan: 6 }, 'Nothing matches.')));
+        $('previous').disabled = offset === 0;
+        $('next').disabled = rows.length <= PAGE_SIZE;
+        $('page-label').textContent = page.length ? `${offset + 1}–${offset + page.length}` : '';
+      } catch (err) {
+        fill(body, el('tr', {}, el('td', { colspan: 6, class: 'error' }, err.message)));
+      }
+    }
+
+    function go(newOffset) {
+      offset = Math.max(0, newOffset);
+      if (offset) params.set('offset', String(offset));
+      else params.delete('offset');
+      window.history.replaceState(null, '', `?${params}`);
+      load();
+    }
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      for (const element of form.elements) {
+        if (!element.name) continue;
+        if (element.value) params.set(element.name, element.value);
+        else params.delete(element.name);
+      }
+      go(0);
+    });
+    $('previous').addEventListener('click', () => go(offset - PAGE_SIZE));
+    $('next').addEventListener('click', () => go(offset + PAGE_SIZE));
+    $('follow').addEventListener('change', (event) => {  // the newest page, read again every second
+      clearInterval(following);
+      following = null;
+      if (event.target.checked) {
+        go(0);
+        following = setInterval(() => { if (!document.hidden && offset === 0) load(); }, POLL_MS);
+        polls.push(following);
+      }
+    });
+    await load();
+  }
+
+  const PAGES = {
+    apps: appsPage, app: appPage, workflows: workflowsPage, workflow: workflowPage, queues: queuesPage,
+    alerts: alertsPage, keys: keysPage, audit: auditPage,
+  };
 
   if (session.getItem(KEY)) signedIn();
   else signOut('');
