@@ -50,12 +50,13 @@ APP = "current"
 # What each release moved out of its MIT package and no public call does: answered unsupported, which Relay turns
 # into a 501 (each client's README has the whole table).
 MOVED_OUT = {
-    "python-current": {"export_workflow", "import_workflow", "get_workflow_notifications", "get_workflow_streams",
-                       "get_workflow_aggregates", "get_step_aggregates"},
-    "typescript-current": {"export_workflow", "import_workflow", "get_workflow_events", "get_workflow_notifications",
-                           "get_workflow_streams", "get_workflow_aggregates", "get_step_aggregates"},
-    "go-current": {"export_workflow", "import_workflow", "get_workflow_events", "get_workflow_notifications",
-                   "get_workflow_streams"},
+    "python-current": {"get_metrics", "export_workflow", "import_workflow", "get_workflow_notifications",
+                       "get_workflow_streams", "get_workflow_aggregates", "get_step_aggregates"},
+    "typescript-current": {"get_metrics", "export_workflow", "import_workflow", "get_workflow_events",
+                           "get_workflow_notifications", "get_workflow_streams", "get_workflow_aggregates",
+                           "get_step_aggregates"},
+    "go-current": {"get_metrics", "export_workflow", "import_workflow", "get_workflow_events",
+                   "get_workflow_notifications", "get_workflow_streams"},
 }
 
 
@@ -129,6 +130,7 @@ def _api(relay: Relay, app: str) -> httpx.Client:
                         headers={"Authorization": f"Bearer {relay.key}"})
 
 
+@pytest.mark.concurrent  # outcomes only: beside another test (tests/tiers.py)
 def test_workflows_are_listed_got_stepped_cancelled_resumed_forked_and_deleted(
         relay: Relay, app: Running) -> None:
     sys_db, tmp, executor_id = app.sys_db, app.tmp, app.executor_id
@@ -148,17 +150,17 @@ def test_workflows_are_listed_got_stepped_cancelled_resumed_forked_and_deleted(
         assert [str(s["output"]) for s in steps] == ["0", "1", "2"]
 
         _ok(api.post("workflows/g1/cancel", json={}), 204)
-        wait_until(lambda: sys_db.status("g1") == "CANCELLED", timeout=10, what="g1 CANCELLED")
+        wait_until(lambda: sys_db.status("g1") == "CANCELLED", timeout=30, what="g1 CANCELLED")
         (tmp / "gates" / "g1").touch()
         _ok(api.post("workflows/g1/resume", json={}), 204)
-        wait_until(lambda: sys_db.status("g1") == "SUCCESS", timeout=20, what="g1 resumed to SUCCESS")
+        wait_until(lambda: sys_db.status("g1") == "SUCCESS", timeout=60, what="g1 resumed to SUCCESS")
 
         forked = _ok(api.post("workflows/t1/fork", json={"startStep": 2, "newWorkflowId": "t1-fork"}), 201)
         assert forked == {"workflowId": "t1-fork"}
-        wait_until(lambda: sys_db.status("t1-fork") == "SUCCESS", timeout=20, what="the fork SUCCESS")
+        wait_until(lambda: sys_db.status("t1-fork") == "SUCCESS", timeout=60, what="the fork SUCCESS")
         again = _ok(api.post("workflows/bulk-fork-from-failure", json={"workflowIds": ["t1"], "fromLastStep": True}))
         [refork] = again["workflowIds"]
-        wait_until(lambda: sys_db.status(refork) == "SUCCESS", timeout=20, what="the fork from the last step")
+        wait_until(lambda: sys_db.status(refork) == "SUCCESS", timeout=60, what="the fork from the last step")
 
         _ok(api.delete("workflows/t1-fork"), 204)
         assert sys_db.status("t1-fork") is None
@@ -179,6 +181,7 @@ def test_workflows_are_listed_got_stepped_cancelled_resumed_forked_and_deleted(
     assert all(ex == executor_id and status == "success" for _, ex, status in audit), audit
 
 
+@pytest.mark.concurrent  # outcomes only: beside another test (tests/tiers.py)
 def test_queues_and_schedules(relay: Relay, app: Running) -> None:
     sys_db = app.sys_db
     with _api(relay, app.app) as api:
@@ -192,7 +195,7 @@ def test_queues_and_schedules(relay: Relay, app: Running) -> None:
             return sorted(statuses.get(i, "") for i in ("q1", "q2"))
 
         # One runs and one waits, once the queue's worker has polled (every second).
-        wait_until(lambda: queued() == ["ENQUEUED", "PENDING"], timeout=15, what="one of two queued running")
+        wait_until(lambda: queued() == ["ENQUEUED", "PENDING"], timeout=45, what="one of two queued running")
 
         [schedule] = [s for s in _ok(api.get("schedules")) if s["scheduleName"] == "hourly"]
         assert schedule["cronExpression"] == "0 0 * * * *" and schedule["status"] == "ACTIVE"
@@ -200,7 +203,7 @@ def test_queues_and_schedules(relay: Relay, app: Running) -> None:
         assert _ok(api.get("schedules/hourly"))["status"] == "PAUSED"
         before = set(sys_db.statuses())
         _ok(api.post("schedules/hourly/trigger"), 201)
-        wait_until(lambda: any(s == "SUCCESS" for i, s in sys_db.statuses().items() if i not in before), timeout=20,
+        wait_until(lambda: any(s == "SUCCESS" for i, s in sys_db.statuses().items() if i not in before), timeout=60,
                    what="the triggered run")
         _ok(api.post("schedules/hourly/resume"), 204)
         assert _ok(api.get("schedules/hourly"))["status"] == "ACTIVE"
@@ -209,11 +212,14 @@ def test_queues_and_schedules(relay: Relay, app: Running) -> None:
         assert len(backfilled["workflowIds"]) == 3, backfilled  # 01:00, 02:00 and 03:00
 
 
+@pytest.mark.concurrent  # outcomes only: beside another test (tests/tiers.py)
 def test_what_the_release_moved_out_of_its_mit_package_is_a_501_naming_it(
         relay: Relay, app: Running) -> None:
     executor_id = app.executor_id
     with _api(relay, app.app) as api:
         asks: dict[str, Callable[[], httpx.Response]] = {
+            "get_metrics": lambda: api.get("metrics", params={"startTime": "2026-01-01T00:00:00Z",
+                                                               "endTime": "2099-01-01T00:00:00Z"}),
             "export_workflow": lambda: api.get("workflows/f1/export"),
             "get_workflow_events": lambda: api.get("workflows/f1/events"),
             "get_workflow_notifications": lambda: api.get("workflows/f1/notifications"),
@@ -244,6 +250,7 @@ README = Path(__file__).parents[2] / "README.md"
 NOT_A_WORKFLOW = base64.b64encode(gzip.compress(b"not an exported workflow")).decode()
 
 
+@pytest.mark.concurrent  # outcomes only: beside another test (tests/tiers.py)
 def test_the_readmes_example_connects(relay: Relay, tmp_path: Path) -> None:
     """The README's "Connecting an executor" example, as written (only the port is this Relay's), run by the venv
     that has dbos 3.4.0 and relay-dbos installed from the checkout: the executor is HEALTHY with its own UUID."""
