@@ -134,6 +134,10 @@ def test_an_operator_watches_a_death_and_works_its_workflows(relay: Relay, page:
         links = page.evaluate("[...document.querySelectorAll('#events li[data-operation^=\"executor.recovery\"] a')]"
                               ".map(a => a.href)")
         assert links and all(quote(f"relay-executor/local/{APP}/{a_id}", safe="") in link for link in links), links
+        page.navigate(f"{relay.url}/console/apps/{APP}")  # the pictures, drawn from the audit log as the page loads
+        page.wait_for("Number(document.getElementById('recovery-chart').dataset.recovered) >= 1",
+                      what="the recovery in the recoveries-per-hour picture")
+        assert page.evaluate("document.querySelectorAll('#status-chart rect.bar.HEALTHY').length") >= 1
         _shot(page, "executors-after-death")
         print(f"console: A as the executors page showed it, polled every 0.1 s: {' → '.join(seen)}")
 
@@ -152,7 +156,7 @@ def test_an_operator_watches_a_death_and_works_its_workflows(relay: Relay, page:
         page.evaluate("document.querySelector('#action-done a').click()")
         page.wait_for("document.querySelector('#summary dd[data-field=Status]') && "
                       "document.querySelector('#summary dd[data-field=Status]').textContent === 'SUCCESS' "
-                      "&& document.querySelector('#summary dd[data-field=\"Forked from\"]').textContent === 'long'",
+                      "&& document.querySelector('#summary dd[data-field=\"Forked from\"]')?.textContent === 'long'",
                       timeout=60, what="the fork run to SUCCESS")
 
         # Cancel, then resume, the gated workflow.
@@ -228,12 +232,28 @@ def test_queues_schedules_alert_rules_keys_and_the_audit_log(relay: Relay, page:
     app = "console-ops"
     with relay.api() as client:
         assert client.put(f"/v2/orgs/local/apps/{app}").status_code == 204
+    finished = [f"f-{i:03}" for i in range(120)]
     executor = dbos_executor(relay.ws_url, relay.key, app, tmp_path / "sys.sqlite", tmp_path / "x.log",
-                             SCHEDULE="hourly")
+                             SCHEDULE="hourly", FINISHED_WORKFLOWS=",".join(finished))
     try:
         wait_until(lambda: list(relay.executors(app).values()) == ["HEALTHY"], timeout=60, what="HEALTHY")
         _sign_in(page, relay, relay.key)
         page.evaluate("window.confirm = (message) => { window.__asked = message; return true; }")
+
+        # A page of 100 workflows, then the next.
+        wait_until(lambda: len(httpx.post(f"{relay.url}/v2/orgs/local/apps/{app}/workflows/search", json={
+            "workflowIdPrefix": ["f-"], "limit": 200}, headers={"Authorization": f"Bearer {relay.key}"},
+            timeout=10).json()) == len(finished), timeout=60, what="the 120 finished workflows")
+        page.navigate(f"{relay.url}/console/apps/{app}/workflows?workflowIdPrefix=f-")
+        page.wait_for("document.querySelectorAll('#workflows tbody tr[data-workflow]').length === 100 "
+                      "&& !document.getElementById('next').disabled", what="a page of 100 with a next one")
+        render_ms = page.evaluate("performance.getEntriesByName('workflows-render').at(-1).duration")
+        print(f"console: a page of 100 workflows rendered in {render_ms:.1f} ms after its data arrived "
+              "(measured, not asserted)")
+        page.evaluate("document.getElementById('next').click()")
+        page.wait_for("document.querySelectorAll('#workflows tbody tr[data-workflow]').length === 20",
+                      what="the second page")
+        assert "offset=100" in page.evaluate("location.search")
 
         # Queues, and a schedule paused, resumed, triggered and backfilled over three hours.
         page.navigate(f"{relay.url}/console/apps/{app}/queues")
@@ -243,10 +263,10 @@ def test_queues_schedules_alert_rules_keys_and_the_audit_log(relay: Relay, page:
         page.wait_for(f"{row} !== null && {row}.querySelector('.status').textContent === 'ACTIVE'",
                       what="the hourly schedule ACTIVE")
         page.evaluate(f"{row}.querySelector('button').click()")
-        page.wait_for(f"{row}.querySelector('.status').textContent === 'PAUSED'", what="PAUSED")
+        page.wait_for(f"{row}?.querySelector('.status')?.textContent === 'PAUSED'", what="PAUSED")
         assert page.evaluate("window.__asked") == "Pause schedule hourly?"
         page.evaluate(f"{row}.querySelector('button').click()")
-        page.wait_for(f"{row}.querySelector('.status').textContent === 'ACTIVE'", what="ACTIVE again")
+        page.wait_for(f"{row}?.querySelector('.status')?.textContent === 'ACTIVE'", what="ACTIVE again")
         page.evaluate(f"{row}.querySelectorAll('button')[1].click()")
         page.wait_for("document.getElementById('schedules-done').textContent.startsWith('Trigger: hourly')",
                       what="the trigger")
@@ -313,7 +333,7 @@ def test_queues_schedules_alert_rules_keys_and_the_audit_log(relay: Relay, page:
         page.evaluate("document.getElementById('follow').click()")
         with relay.api() as client:
             assert client.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": 7}).status_code == 204
-        page.wait_for("document.querySelector('#audit tbody tr').dataset.operation === 'app.updated'",
+        page.wait_for("document.querySelector('#audit tbody tr')?.dataset.operation === 'app.updated'",
                       what="the update followed at the top")
         _shot(page, "audit")
     finally:

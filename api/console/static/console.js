@@ -10,7 +10,7 @@
   const KEY = 'relay.key';
   const ORG = 'relay.org';
   const POLL_MS = 1000;
-  const PAGE_SIZE = 50;
+  const PAGE_SIZE = 100;
   const FOLD_CHARS = 2000;
 
   const main = document.getElementById('main');
@@ -274,6 +274,125 @@
     }
   }
 
+  // -- pictures, from the audit log: drawn as SVG elements, their labels text nodes ------------------------------
+
+  const SVG = 'http://www.w3.org/2000/svg';
+  const STATUS_AFTER = {
+    'executor.healthy': 'HEALTHY', 'executor.reconnected': 'HEALTHY', 'executor.disconnected': 'DISCONNECTED',
+    'executor.dead': 'DEAD', 'executor.deleted': null, 'executor.superseded': null,
+  };
+  const STATUSES = ['HEALTHY', 'DISCONNECTED', 'DEAD'];
+
+  function svg(tag, attrs, ...children) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [name, value] of Object.entries(attrs || {})) node.setAttribute(name, String(value));
+    for (const child of children) node.append(child instanceof Node ? child : String(child));
+    return node;
+  }
+
+  function bars(buckets, { label, stack, text }) {  // buckets: [{label, values: {series: n}, note}]
+    const width = 36 * buckets.length + 40;
+    const height = 160;
+    const top = Math.max(1, ...buckets.map((b) => stack.reduce((n, k) => n + (b.values[k] || 0), 0)));
+    const chart = svg('svg', { viewBox: `0 0 ${width} ${height + 40}`, role: 'img', 'aria-label': label,
+      class: 'bars' });
+    chart.append(svg('text', { x: 0, y: 12, class: 'axis' }, String(top)));
+    buckets.forEach((b, i) => {
+      let y = height;
+      for (const series of stack) {
+        const n = b.values[series] || 0;
+        const h = (n / top) * (height - 20);
+        if (n) {
+          y -= h;
+          chart.append(svg('rect', { x: 40 + i * 36, y, width: 28, height: h, class: `bar ${series}` },
+            svg('title', {}, `${b.label}: ${n} ${series}`)));
+        }
+      }
+      chart.append(svg('text', { x: 40 + i * 36, y: height + 14, class: 'axis' }, b.label));
+      if (text && b.note) chart.append(svg('text', { x: 40 + i * 36, y: height + 30, class: 'note' }, b.note));
+    });
+    return chart;
+  }
+
+  function statusHistory(events, current, now) {
+    // Each executor's status at the end of each 5-minute step: the last event before it, else (before its first
+    // event) what that event implies came before (nothing for a new executor, HEALTHY otherwise), else its status
+    // now.
+    const byExecutor = new Map();
+    for (const e of events) {
+      const id = e.details && e.details.executorId;
+      if (!id || !(e.operation in STATUS_AFTER)) continue;
+      if (!byExecutor.has(id)) byExecutor.set(id, []);
+      byExecutor.get(id).push([Date.parse(e.emitTime), STATUS_AFTER[e.operation], e.operation]);
+    }
+    for (const list of byExecutor.values()) list.sort((a, b) => a[0] - b[0]);
+    const buckets = [];
+    for (let i = 11; i >= 0; i -= 1) {
+      const t = now - i * 5 * 60 * 1000;
+      const values = {};
+      const count = (status) => { if (status) values[status] = (values[status] || 0) + 1; };
+      for (const [id, list] of byExecutor) {
+        const before = list.filter(([at]) => at <= t);
+        if (before.length) count(before[before.length - 1][1]);
+        else if (list[0][2] !== 'executor.healthy') count('HEALTHY');
+        current.delete(id);
+      }
+      for (const status of current.values()) count(status);
+      buckets.push({ label: new Date(t).toTimeString().slice(0, 5), values });
+    }
+    return buckets;
+  }
+
+  function recoveryHistory(events, now) {
+    const dead = new Map();
+    const hours = new Map();
+    for (const e of [...events].sort((a, b) => Date.parse(a.emitTime) - Date.parse(b.emitTime))) {
+      const id = e.details && e.details.executorId;
+      if (!id) continue;
+      if (e.operation === 'executor.dead') dead.set(id, Date.parse(e.emitTime));
+      if (e.operation === 'executor.recovery.succeeded') {
+        const at = Date.parse(e.emitTime);
+        const hour = Math.floor((now - at) / 3600000);
+        if (hour < 24) {
+          if (!hours.has(hour)) hours.set(hour, []);
+          hours.get(hour).push(dead.has(id) ? at - dead.get(id) : null);
+        }
+      }
+    }
+    const buckets = [];
+    for (let hour = 23; hour >= 0; hour -= 1) {
+      const latencies = (hours.get(hour) || []).filter((l) => l !== null).sort((a, b) => a - b);
+      const median = latencies.length ? latencies[Math.floor(latencies.length / 2)] : null;
+      buckets.push({
+        label: hour === 0 ? 'now' : `-${hour}h`,
+        values: { recovered: (hours.get(hour) || []).length },
+        note: median === null ? '' : `${(median / 1000).toFixed(1)}s`,
+      });
+    }
+    return buckets;
+  }
+
+  async function charts() {
+    const now = Date.now();
+    const since = new Date(now - 24 * 3600 * 1000).toISOString();
+    try {
+      const [events, executorsNow] = await Promise.all([
+        api(`audit-logs?target=${app()}&startTime=${encodeURIComponent(since)}&limit=1000`),
+        api(appPath('executors')),
+      ]);
+      const current = new Map(executorsNow.map((e) => [e.executorId, e.status]));
+      const hour = events.filter((e) => Date.parse(e.emitTime) >= now - 3600000);
+      fill($('status-chart'), bars(statusHistory(hour, current, now),
+        { label: 'executors by status', stack: STATUSES }));
+      const recoveries = recoveryHistory(events, now);
+      fill($('recovery-chart'), bars(recoveries, { label: 'recoveries per hour', stack: ['recovered'], text: true }));
+      $('recovery-chart').dataset.recovered = String(recoveries.reduce((n, b) => n + b.values.recovered, 0));
+    } catch (err) {
+      fill($('status-chart'), el('p', { class: 'error' }, err.message));
+      fill($('recovery-chart'));
+    }
+  }
+
   async function appPage() {
     $('settings-form').addEventListener('submit', async (event) => {
       event.preventDefault();
@@ -305,6 +424,8 @@
       }
     });
     poll(lifecycle);
+    charts();
+    polls.push(setInterval(() => { if (!document.hidden) charts(); }, 15 * POLL_MS));
   }
 
   // -- workflows ----------------------------------------------------------------------------------------------
@@ -343,6 +464,7 @@
       try {
         const listed = await api(appPath('workflows/search'), { method: 'POST', body: searchBody(params, offset) });
         const page = listed.slice(0, PAGE_SIZE);
+        const rendering = performance.now();  // measured as 'workflows-render' (performance.measure)
         fill(body, ...page.map((w) => el('tr', { 'data-workflow': w.workflowId },
           el('td', {}, el('input', {
             type: 'checkbox', 'aria-label': `Select ${w.workflowId}`,
@@ -357,6 +479,7 @@
           el('td', {}, w.appVersion), el('td', {}, w.queueName || ''), el('td', {}, when(w.createdAt)),
           el('td', {}, el('code', {}, w.executorId || '')))));
         if (!page.length) fill(body, el('tr', {}, el('td', { colspan: 8 }, 'No workflow matches.')));
+        performance.measure('workflows-render', { start: rendering });
         $('previous').disabled = offset === 0;
         $('next').disabled = listed.length <= PAGE_SIZE;
         $('page-label').textContent = page.length ? `${offset + 1}–${offset + page.length}` : '';
