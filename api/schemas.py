@@ -185,9 +185,12 @@ class Executor(BaseModel):
     language: str | None
     dbosVersion: str | None
     executorMetadata: dict[str, Any] | None
+    gateway: str | None = Field(default=None, json_schema_extra={**EXTENSION, "description": (
+        "Relay extension: the gateway process that holds (or last held) its socket, by its RELAY_GATEWAY_ID; null "
+        "when unknown")})
 
     @classmethod
-    def of(cls, row: models.Executor, *, app_id: str) -> Executor:
+    def of(cls, row: models.Executor, *, app_id: str, gateway: str | None = None) -> Executor:
         return cls(
             executorId=row.executor_id,
             appId=app_id,
@@ -200,6 +203,7 @@ class Executor(BaseModel):
             language=row.language,
             dbosVersion=row.dbos_version,
             executorMetadata=row.executor_metadata,
+            gateway=gateway,
         )
 
 

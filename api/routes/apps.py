@@ -165,6 +165,9 @@ async def list_executors(orgName: OrgName, appName: AppName, _p: AppPrincipal,
                          store: StoreDep) -> list[Executor]:
     def load() -> list[Executor]:
         app = store.get_app(orgName, appName)
-        return [Executor.of(row, app_id=app.id) for row in store.list_executors(orgName, appName)]
+        rows = store.list_executors(orgName, appName)
+        gateways = store.gateway_identities({row.gateway_queue for row in rows if row.gateway_queue})
+        return [Executor.of(row, app_id=app.id, gateway=gateways.get(row.gateway_queue or ""))
+                for row in rows]
 
     return await run_in_threadpool(load)

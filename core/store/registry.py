@@ -223,6 +223,16 @@ class RegistryStore(StoreBase):
             return list(s.exec(select(Executor).where(Executor.org == org, Executor.app == app)
                                .order_by(col(Executor.created_at))).all())
 
+    def gateway_identities(self, queues: set[str]) -> dict[str, str]:
+        """The identity (``RELAY_GATEWAY_ID``) of each of these gateway processes, by task queue, for the ones on
+        record (gone or not)."""
+        if not queues:
+            return {}
+        with Session(self.engine) as s:
+            rows = s.exec(select(GatewayProcess.queue, GatewayProcess.identity)
+                          .where(col(GatewayProcess.queue).in_(sorted(queues)))).all()
+        return dict(rows)
+
     def record_status(self, *, org: str, app: str, executor_id: str, status: ExecutorStatus, operation: str,
                       event_key: str, info: ExecutorInfo | None, connection_id: str | None,
                       gateway_queue: str | None, details: dict[str, Any]) -> StatusWritten:

@@ -80,7 +80,7 @@ UPSTREAM: dict[str, Shape] = {s.name: s for s in [
 ]}
 
 # Relay's additions, each of which Relay's spec must mark: properties, and values added to an upstream enum.
-EXTENSION_PROPERTIES = {"Token": {"appNames"}, "Application": {"crossVersionRecovery"},
+EXTENSION_PROPERTIES = {"Token": {"appNames"}, "Application": {"crossVersionRecovery"}, "Executor": {"gateway"},
                         "PatchAppInputBody": {"crossVersionRecovery"}}
 EXTENSION_ENUM_VALUES = {("AuditSubject", "type"): {"system"}}
 

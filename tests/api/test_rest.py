@@ -12,9 +12,12 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlmodel import Session
 
 from api.routes import apps as app_routes
 from core import metrics
+from core.gateways import GatewayRegistry
+from core.models import GatewayProcess
 from core.store import Store
 from gateway.revocation import APP_DELETED_REASON, REVOKED_REASON
 from tests.api.conftest import Api
@@ -282,6 +285,22 @@ async def test_executors_have_the_upstream_fields(api: Api) -> None:
     assert executor["executorMetadata"] == {"zone": "a"} and executor["dbosVersion"] == "3.2.0"
     assert datetime.fromisoformat(executor["createdAt"]).tzinfo is not None
     assert app["status"] == "AVAILABLE" and app["language"] == "python"
+
+
+async def test_executors_name_the_gateway_that_holds_them(api: Api) -> None:
+    """A Relay extension: the gateway process's identity, once that process is on record."""
+    async with api.client() as client:
+        await client.put(f"{ORG}/apps/gateway-app")
+        api.record("gateway-app", "ex-1")
+        with Session(api.store.engine) as s:
+            on_record = s.get(GatewayProcess, api.gateway.task_queue)
+        [executor] = (await client.get(f"{ORG}/apps/gateway-app/executors")).json()
+        assert executor["gateway"] == (None if on_record is None else on_record.identity)
+        if on_record is None:
+            GatewayRegistry(api.store.engine).register(api.gateway.task_queue, "gateway-7")
+            [executor] = (await client.get(f"{ORG}/apps/gateway-app/executors")).json()
+            assert executor["gateway"] == "gateway-7"
+    assert_upstream(executor, "Executor")
 
 
 # -- deleting an app with executors -----------------------------------------------------------------------------

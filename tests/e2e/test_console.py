@@ -106,6 +106,8 @@ def test_an_operator_watches_a_death_and_works_its_workflows(relay: Relay, page:
         page.navigate(f"{relay.url}/console/apps/{APP}")
         page.wait_for("document.querySelectorAll('#executors tbody tr[data-status=HEALTHY]').length === 2",
                       what="both executors HEALTHY")
+        gateways = page.evaluate("[...document.querySelectorAll('#executors .gateway')].map(e => e.textContent)")
+        assert len(gateways) == 2 and all(gateways), gateways  # relay dev's one gateway, named
         metadata = page.evaluate("[...document.querySelectorAll('#executors .metadata')].map(e => e.textContent)")
         # Shown as the JSON text it is.
         assert json.dumps({"note": HOSTILE}, separators=(",", ":")) in metadata, metadata
@@ -148,6 +150,8 @@ def test_an_operator_watches_a_death_and_works_its_workflows(relay: Relay, page:
                       "&& document.querySelectorAll('#steps li.step').length === 20", timeout=60,
                       what="the long workflow SUCCESS with its 20 steps")
         assert page.evaluate("document.querySelectorAll('#steps .bar').length") == 20
+        page.wait_for("document.getElementById('wf-notifications').textContent === 'None.'",
+                      what="its notifications (none), read through the executor")
         _shot(page, "workflow")
         page.evaluate("window.confirm = (message) => { window.__asked = message; return true; }")
         page.evaluate("document.getElementById('fork-step').value = '2'; document.getElementById('fork').click()")
@@ -200,6 +204,34 @@ def test_an_operator_watches_a_death_and_works_its_workflows(relay: Relay, page:
         with relay.api() as client:
             assert client.get(f"/v2/orgs/local/apps/{APP}").json()["executorTimeoutSecs"] == GRACE_SECS
         _shot(page, "settings-refused")
+
+        # Retention in days, then off; the grace and the global timeout left as they were.
+        def settings() -> dict[str, object]:
+            with relay.api() as client:
+                return dict(client.get(f"/v2/orgs/local/apps/{APP}").json())
+
+        page.evaluate("""(() => {
+            document.getElementById('grace').value = '2';
+            document.getElementById('retention').value = '7';
+            document.getElementById('retention-unit').value = '86400000';
+            document.getElementById('settings-form').requestSubmit();
+        })()""")
+        wait_until(lambda: settings()["gcTimeThresholdMs"] == 7 * 86_400_000, timeout=10, what="7 days of retention")
+        assert (settings()["executorTimeoutSecs"], settings()["globalTimeoutMs"]) == (GRACE_SECS, None)
+        page.wait_for("document.getElementById('settings').textContent.includes('7 days (gcTimeThresholdMs "
+                      "604800000)')", what="7 days beside the raw value")
+        page.evaluate("document.getElementById('retention').value = ''; "
+                      "document.getElementById('settings-form').requestSubmit()")
+        wait_until(lambda: settings()["gcTimeThresholdMs"] is None, timeout=10, what="retention off")
+        page.evaluate("document.getElementById('rows').value = '0'; "
+                      "document.getElementById('settings-form').requestSubmit()")
+        page.wait_for("document.getElementById('settings-error').textContent.includes('gcRowsThreshold')",
+                      what="a row limit of 0 refused, naming the field")
+        page.evaluate("document.getElementById('rows').value = '5000'; "
+                      "document.getElementById('cross-version').checked = true; "
+                      "document.getElementById('settings-form').requestSubmit()")
+        wait_until(lambda: (settings()["gcRowsThreshold"], settings()["crossVersionRecovery"]) == (5000, True),
+                   timeout=10, what="the row limit and cross-version recovery")
     finally:
         a.stop()
         if b is not None:

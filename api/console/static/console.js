@@ -212,7 +212,31 @@
     ];
     fill($('settings'), ...rows.flatMap(([name, value, raw]) => [
       el('dt', {}, name), el('dd', {}, value, raw ? el('span', { class: 'raw' }, ` (${raw})`) : null)]));
-    if (document.activeElement !== $('grace')) $('grace').value = a.executorTimeoutSecs;
+    if (!$('settings-form').contains(document.activeElement)) {
+      $('grace').value = a.executorTimeoutSecs;
+      shownIn(a.gcTimeThresholdMs, 'retention');
+      shownIn(a.globalTimeoutMs, 'timeout');
+      $('rows').value = a.gcRowsThreshold ?? '';
+      $('rows').dataset.shown = $('rows').value;
+      $('cross-version').checked = Boolean(a.crossVersionRecovery);
+      $('cross-version').dataset.shown = String($('cross-version').checked);
+    }
+  }
+
+  function shownIn(ms, field) {  // a duration in the form: in days when whole days, else in hours
+    const unit = ms && ms % 86400000 === 0 ? 86400000 : 3600000;
+    $(`${field}-unit`).value = String(unit);
+    $(field).value = ms === null || ms === undefined ? '' : String(+(ms / unit).toFixed(6));
+    $(field).dataset.shown = `${$(field).value} ${unit}`;
+  }
+
+  function fromForm(field) {
+    // The form's duration in milliseconds, null when left empty; undefined (not sent) when left as shown, so a
+    // value the form rounded for display is never written back.
+    const value = $(field).value.trim();
+    const unit = $(`${field}-unit`).value;
+    if (`${value} ${unit}` === $(field).dataset.shown) return undefined;
+    return value === '' ? null : Math.round(Number(value) * Number(unit));
   }
 
   async function executors(drained) {
@@ -228,11 +252,11 @@
         el('td', {}, el('code', {}, e.executorId)),
         el('td', { class: `status ${e.status}` }, e.status),
         el('td', {}, e.appVersion), el('td', {}, e.hostname), el('td', {}, e.language),
-        el('td', {}, e.dbosVersion), el('td', {}, when(e.createdAt)),
+        el('td', {}, e.dbosVersion), el('td', { class: 'gateway' }, e.gateway || ''), el('td', {}, when(e.createdAt)),
         el('td', {}, el('code', { class: 'metadata' }, e.executorMetadata ? JSON.stringify(e.executorMetadata) : '')),
         el('td', {}, drain ? `drained until ${when(drain.until)} ` : '', toggle));
     }));
-    if (!list.length) fill(body, el('tr', {}, el('td', { colspan: 9 }, 'No executor connected.')));
+    if (!list.length) fill(body, el('tr', {}, el('td', { colspan: 10 }, 'No executor connected.')));
   }
 
   async function toggleDrain(executorId, drained) {
@@ -398,8 +422,16 @@
       event.preventDefault();
       $('settings-error').textContent = '';
       try {
-        await api(`apps/${app()}`, { method: 'PATCH', body: { executorTimeoutSecs: Number($('grace').value) } });
-        $('grace').blur();
+        await api(`apps/${app()}`, { method: 'PATCH', body: {
+          executorTimeoutSecs: Number($('grace').value),
+          gcTimeThresholdMs: fromForm('retention'),
+          globalTimeoutMs: fromForm('timeout'),
+          gcRowsThreshold: $('rows').value === $('rows').dataset.shown ? undefined
+            : ($('rows').value === '' ? null : Number($('rows').value)),
+          crossVersionRecovery: String($('cross-version').checked) === $('cross-version').dataset.shown ? undefined
+            : $('cross-version').checked,
+        } });
+        document.activeElement.blur();
         await settings();
       } catch (err) {
         say($('settings-error'), err);
@@ -420,7 +452,7 @@
         }
         await executors(drained);
       } catch (err) {
-        fill($('executors').tBodies[0], el('tr', {}, el('td', { colspan: 9, class: 'error' }, err.message)));
+        fill($('executors').tBodies[0], el('tr', {}, el('td', { colspan: 10, class: 'error' }, err.message)));
       }
     });
     poll(lifecycle);
@@ -603,6 +635,14 @@
         if (chosen) select.value = chosen;
       } catch (err) {
         fill($('steps'), el('li', { class: 'error' }, err.message));
+      }
+      try {
+        const notes = await api(`${path}/notifications`);
+        fill($('wf-notifications'), ...notes.map((n) => el('li', {}, el('strong', {}, n.topic ?? '(no topic)'), ' ',
+          el('time', {}, when(n.createdAt)), ' ', el('code', {}, pretty(n.message)))));
+        if (!notes.length) fill($('wf-notifications'), el('li', {}, 'None.'));
+      } catch (err) {
+        fill($('wf-notifications'), el('li', { class: 'muted' }, err.message));
       }
       try {
         const events = await api(`${path}/events`);
