@@ -23,6 +23,7 @@ from core import metrics, orphans
 from core.store import Store
 from workflows.contracts.alerts import OwnAlertEvent
 from workflows.contracts.common import (
+    LIFECYCLE_WORKFLOW_TYPE,
     SHARED_TASK_QUEUE,
     Activity,
     lifecycle_search_attributes,
@@ -37,8 +38,8 @@ from workflows.contracts.orphans import (
     StartOrphanRecoveryInput,
 )
 
-# The lifecycle workflow's type, by name: the worker registers it (activities may not import workflow code).
-LIFECYCLE_WORKFLOW = "ExecutorLifecycleWorkflow"
+# The lifecycle workflow's type, by name (activities may not import workflow code).
+LIFECYCLE_WORKFLOW = LIFECYCLE_WORKFLOW_TYPE
 
 log = logging.getLogger("relay.worker")
 

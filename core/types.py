@@ -10,13 +10,19 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-# Search attributes Relay registers (docker-compose.temporal.yml and `relay dev` create the same list).
+# Search attributes Relay registers (docker-compose.temporal.yml and `relay dev` create the same list), by name: the
+# one place the names are written (workflows.contracts.common makes its typed keys from these).
+RELAY_ORG_ATTRIBUTE = "RelayOrg"
+RELAY_APP_ATTRIBUTE = "RelayApp"
+RELAY_EXECUTOR_ID_ATTRIBUTE = "RelayExecutorId"
+RELAY_APP_VERSION_ATTRIBUTE = "RelayAppVersion"
+RELAY_EXECUTOR_STATUS_ATTRIBUTE = "RelayExecutorStatus"
 SEARCH_ATTRIBUTES: dict[str, str] = {
-    "RelayOrg": "Keyword",
-    "RelayApp": "Keyword",
-    "RelayExecutorId": "Keyword",
-    "RelayAppVersion": "Keyword",
-    "RelayExecutorStatus": "Keyword",
+    RELAY_ORG_ATTRIBUTE: "Keyword",
+    RELAY_APP_ATTRIBUTE: "Keyword",
+    RELAY_EXECUTOR_ID_ATTRIBUTE: "Keyword",
+    RELAY_APP_VERSION_ATTRIBUTE: "Keyword",
+    RELAY_EXECUTOR_STATUS_ATTRIBUTE: "Keyword",
 }
 
 

@@ -29,6 +29,7 @@ from workflows.recovery import RecoverySteps
 
 with workflow.unsafe.imports_passed_through():
     from workflows.contracts.common import (
+        LIFECYCLE_WORKFLOW_TYPE,
         ConnectedSignal,
         DisconnectedSignal,
         ExecutorInfo,
@@ -58,7 +59,7 @@ with workflow.unsafe.imports_passed_through():
 SEEN_SIGNAL_IDS_KEPT = 256
 
 
-@workflow.defn
+@workflow.defn(name=LIFECYCLE_WORKFLOW_TYPE)  # the class's own name, said once for the activities that query by it
 class ExecutorLifecycleWorkflow(RecoverySteps):
     @workflow.init
     def __init__(self, input: LifecycleInput) -> None:

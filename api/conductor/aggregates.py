@@ -114,8 +114,7 @@ class WorkflowAggregatesBody(WorkflowFilter):
 
     @model_validator(mode="after")
     def _grouped(self) -> WorkflowAggregatesBody:
-        if not any(getattr(self, f) for f in _WORKFLOW_GROUPS_ONLY) and self.timeBucketSizeMs is None:
-            raise ValueError("group by at least one field (groupBy*) or set timeBucketSizeMs")
+        _require_grouping(self, _WORKFLOW_GROUPS_ONLY)
         return self
 
 
@@ -156,9 +155,17 @@ class StepAggregatesBody(InputBody):
 
     @model_validator(mode="after")
     def _grouped(self) -> StepAggregatesBody:
-        if not (self.groupByFunctionName or self.groupByStatus or self.timeBucketSizeMs is not None):
-            raise ValueError("group by at least one field (groupBy*) or set timeBucketSizeMs")
+        _require_grouping(self, _STEP_GROUPS_ONLY)
         return self
+
+
+_STEP_GROUPS_ONLY = ["groupByFunctionName", "groupByStatus"]
+
+
+def _require_grouping(body: WorkflowAggregatesBody | StepAggregatesBody, groups: list[str]) -> None:
+    """Either aggregates body, checked one way: at least one of its ``groups`` set, or a time bucket."""
+    if not any(getattr(body, field) for field in groups) and body.timeBucketSizeMs is None:
+        raise ValueError("group by at least one field (groupBy*) or set timeBucketSizeMs")
 
 
 def step_aggregates_body(body: StepAggregatesBody) -> dict[str, Any]:

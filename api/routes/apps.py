@@ -71,8 +71,10 @@ async def list_apps(orgName: OrgName, p: OrgPrincipal, store: StoreDep) -> list[
             responses=APP_ERRORS)
 async def get_app(orgName: OrgName, appName: AppName, credentials: GivenKey, store: StoreDep) -> Application:
     access = await authorized_app(store, orgName, appName, credentials, with_executors=True)
-    assert access.executors is not None
-    return Application.of(access.app, available=access.executors.available, language=access.executors.language)
+    executors = access.executors
+    if executors is None:  # read whenever asked for (Store.authorize_app): a bug, not the client's mistake
+        raise RuntimeError("the app's executors were asked for and not read")
+    return Application.of(access.app, available=executors.available, language=executors.language)
 
 
 @router.put("/apps/{appName}", operation_id="registerApp", summary="Register application", status_code=204,

@@ -11,7 +11,16 @@ import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
 from cli.temporal_setup import SetupRefused, ensure_search_attributes
-from workflows.contracts.common import SEARCH_ATTRIBUTES
+from workflows.contracts.common import (
+    LIFECYCLE_WORKFLOW_TYPE,
+    RELAY_APP,
+    RELAY_APP_VERSION,
+    RELAY_EXECUTOR_ID,
+    RELAY_EXECUTOR_STATUS,
+    RELAY_ORG,
+    SEARCH_ATTRIBUTES,
+)
+from workflows.lifecycle import ExecutorLifecycleWorkflow
 
 
 @dataclass
@@ -57,3 +66,10 @@ async def test_a_server_that_lists_but_will_not_add_gets_instructions_for_the_mi
         await ensure_search_attributes(_Client(operator), "ns.acct")  # type: ignore[arg-type]
     _says_what_to_create(str(refused.value))
     assert "PERMISSION_DENIED" in str(refused.value) and not operator.added
+
+
+def test_every_registered_search_attribute_has_its_typed_key_and_no_other() -> None:
+    """The names are written once (core.types); the typed keys every workflow and activity use are made from them."""
+    keys = [RELAY_ORG, RELAY_APP, RELAY_EXECUTOR_ID, RELAY_APP_VERSION, RELAY_EXECUTOR_STATUS]
+    assert {key.name: "Keyword" for key in keys} == SEARCH_ATTRIBUTES
+    assert ExecutorLifecycleWorkflow.__name__ == LIFECYCLE_WORKFLOW_TYPE  # the type name said once, as the class's

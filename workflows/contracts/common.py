@@ -9,6 +9,13 @@ from typing import Any
 
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
+from core.types import (
+    RELAY_APP_ATTRIBUTE,
+    RELAY_APP_VERSION_ATTRIBUTE,
+    RELAY_EXECUTOR_ID_ATTRIBUTE,
+    RELAY_EXECUTOR_STATUS_ATTRIBUTE,
+    RELAY_ORG_ATTRIBUTE,
+)
 from core.types import SEARCH_ATTRIBUTES as SEARCH_ATTRIBUTES
 from core.types import ExecutorInfo as ExecutorInfo
 from core.types import ExecutorStatus as ExecutorStatus
@@ -90,12 +97,16 @@ def lifecycle_workflow_id(org: str, app: str, executor_id: str) -> str:
     return f"relay-executor/{org}/{app}/{executor_id}"
 
 
-# Relay's search attributes (``SEARCH_ATTRIBUTES``) as typed keys: one definition for every writer and reader.
-RELAY_ORG = SearchAttributeKey.for_keyword("RelayOrg")
-RELAY_APP = SearchAttributeKey.for_keyword("RelayApp")
-RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword("RelayExecutorId")
-RELAY_APP_VERSION = SearchAttributeKey.for_keyword("RelayAppVersion")
-RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword("RelayExecutorStatus")
+# Relay's search attributes (``SEARCH_ATTRIBUTES``, named in core.types) as typed keys: one definition for every
+# writer and reader.
+RELAY_ORG = SearchAttributeKey.for_keyword(RELAY_ORG_ATTRIBUTE)
+RELAY_APP = SearchAttributeKey.for_keyword(RELAY_APP_ATTRIBUTE)
+RELAY_EXECUTOR_ID = SearchAttributeKey.for_keyword(RELAY_EXECUTOR_ID_ATTRIBUTE)
+RELAY_APP_VERSION = SearchAttributeKey.for_keyword(RELAY_APP_VERSION_ATTRIBUTE)
+RELAY_EXECUTOR_STATUS = SearchAttributeKey.for_keyword(RELAY_EXECUTOR_STATUS_ATTRIBUTE)
+# The lifecycle workflow's type name: the workflow is defined under it (workflows.lifecycle), and the activities
+# that query or start lifecycles by type (orphans, reconciliation) use it, as they may not import workflow code.
+LIFECYCLE_WORKFLOW_TYPE = "ExecutorLifecycleWorkflow"
 
 
 def lifecycle_search_attributes(org: str, app: str, executor_id: str, version: str,
