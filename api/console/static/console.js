@@ -477,18 +477,51 @@
     return body;
   }
 
-  async function workflowsPage() {
-    const form = $('search');
+  // A search whose filters and page live in the URL, so it can be shared: the form is filled from it, Search starts
+  // again from the first page, Previous and Next move by PAGE_SIZE. ``draw(params, offset)`` reads PAGE_SIZE + 1
+  // rows from offset (one more than shown: there is a next page), draws at most PAGE_SIZE, and returns how many it
+  // read, or null when it drew an error instead.
+  function pagedSearch(form, draw) {
     const params = new URLSearchParams(window.location.search);
     for (const [name, value] of params) if (form.elements[name]) form.elements[name].value = value;
-    let offset = Number(params.get('offset')) || 0;
-    const selected = new Set();
+    const search = { offset: Number(params.get('offset')) || 0 };
 
+    search.load = async () => {
+      const read = await draw(params, search.offset);
+      if (read === null) return;
+      const shown = Math.min(read, PAGE_SIZE);
+      $('previous').disabled = search.offset === 0;
+      $('next').disabled = read <= PAGE_SIZE;
+      $('page-label').textContent = shown ? `${search.offset + 1}–${search.offset + shown}` : '';
+    };
+    search.go = (offset) => {
+      search.offset = Math.max(0, offset);
+      if (search.offset) params.set('offset', String(search.offset));
+      else params.delete('offset');
+      window.history.replaceState(null, '', `?${params}`);
+      return search.load();
+    };
+    form.addEventListener('submit', (event) => {
+      event.preventDefault();
+      for (const element of form.elements) {
+        if (!element.name) continue;
+        if (element.value) params.set(element.name, element.value);
+        else params.delete(element.name);
+      }
+      search.go(0);
+    });
+    $('previous').addEventListener('click', () => search.go(search.offset - PAGE_SIZE));
+    $('next').addEventListener('click', () => search.go(search.offset + PAGE_SIZE));
+    return search;
+  }
+
+  async function workflowsPage() {
+    const selected = new Set();
     const bulkButtons = () => {
       $('bulk-cancel').disabled = $('bulk-resume').disabled = selected.size === 0;
     };
 
-    async function load() {
+    const search = pagedSearch($('search'), async (params, offset) => {
       const body = $('workflows').tBodies[0];
       selected.clear();
       bulkButtons();
@@ -512,33 +545,13 @@
           el('td', {}, el('code', {}, w.executorId || '')))));
         if (!page.length) fill(body, el('tr', {}, el('td', { colspan: 8 }, 'No workflow matches.')));
         performance.measure('workflows-render', { start: rendering });
-        $('previous').disabled = offset === 0;
-        $('next').disabled = listed.length <= PAGE_SIZE;
-        $('page-label').textContent = page.length ? `${offset + 1}–${offset + page.length}` : '';
+        return listed.length;
       } catch (err) {
         fill(body, el('tr', {}, el('td', { colspan: 8, class: 'error' }, err.message)));
+        return null;
       }
-    }
-
-    function go(newOffset) {
-      offset = Math.max(0, newOffset);
-      if (offset) params.set('offset', String(offset));
-      else params.delete('offset');
-      window.history.replaceState(null, '', `?${params}`);
-      load();
-    }
-
-    form.addEventListener('submit', (event) => {
-      event.preventDefault();
-      for (const element of form.elements) {
-        if (!element.name) continue;
-        if (element.value) params.set(element.name, element.value);
-        else params.delete(element.name);
-      }
-      go(0);
     });
-    $('previous').addEventListener('click', () => go(offset - PAGE_SIZE));
-    $('next').addEventListener('click', () => go(offset + PAGE_SIZE));
+
     $('select-all').addEventListener('change', (event) => {
       for (const box of $('workflows').tBodies[0].querySelectorAll('input[type=checkbox]')) {
         if (box.checked !== event.target.checked) box.click();
@@ -552,13 +565,13 @@
         try {
           await api(appPath(`workflows/${path}`), { method: 'POST', body: { workflowIds: ids } });
           $('bulk-error').textContent = '';
-          await load();
+          await search.load();
         } catch (err) {
           say($('bulk-error'), err);
         }
       });
     }
-    await load();
+    await search.load();
   }
 
   function pretty(value) {
@@ -852,13 +865,8 @@
   // -- the audit log ------------------------------------------------------------------------------------------
 
   async function auditPage() {
-    const form = $('audit-filters');
-    const params = new URLSearchParams(window.location.search);
-    for (const [name, value] of params) if (form.elements[name]) form.elements[name].value = value;
-    let offset = Number(params.get('offset')) || 0;
     let following = null;
-
-    async function load() {
+    const search = pagedSearch($('audit-filters'), async (params, offset) => {
       const query = new URLSearchParams({ limit: String(PAGE_SIZE + 1), offset: String(offset) });
       for (const name of ['operation', 'target', 'subject']) if (params.get(name)) query.set(name, params.get(name));
       for (const name of ['startTime', 'endTime']) {
@@ -875,42 +883,22 @@
           el('td', {}, r.subject.display || `${r.subject.type} ${r.subject.id}`),
           el('td', {}, el('code', {}, r.details ? JSON.stringify(r.details) : '')))));
         if (!page.length) fill(body, el('tr', {}, el('td', { colspan: 6 }, 'Nothing matches.')));
-        $('previous').disabled = offset === 0;
-        $('next').disabled = rows.length <= PAGE_SIZE;
-        $('page-label').textContent = page.length ? `${offset + 1}–${offset + page.length}` : '';
+        return rows.length;
       } catch (err) {
         fill(body, el('tr', {}, el('td', { colspan: 6, class: 'error' }, err.message)));
+        return null;
       }
-    }
-
-    function go(newOffset) {
-      offset = Math.max(0, newOffset);
-      if (offset) params.set('offset', String(offset));
-      else params.delete('offset');
-      window.history.replaceState(null, '', `?${params}`);
-      load();
-    }
-    form.addEventListener('submit', (event) => {
-      event.preventDefault();
-      for (const element of form.elements) {
-        if (!element.name) continue;
-        if (element.value) params.set(element.name, element.value);
-        else params.delete(element.name);
-      }
-      go(0);
     });
-    $('previous').addEventListener('click', () => go(offset - PAGE_SIZE));
-    $('next').addEventListener('click', () => go(offset + PAGE_SIZE));
     $('follow').addEventListener('change', (event) => {  // the newest page, read again every second
       clearInterval(following);
       following = null;
       if (event.target.checked) {
-        go(0);
-        following = setInterval(() => { if (!document.hidden && offset === 0) load(); }, POLL_MS);
+        search.go(0);
+        following = setInterval(() => { if (!document.hidden && search.offset === 0) search.load(); }, POLL_MS);
         polls.push(following);
       }
     });
-    await load();
+    await search.load();
   }
 
   const PAGES = {
