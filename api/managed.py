@@ -166,10 +166,13 @@ class Managed:
         check(answer, kind)
         return parse(answer, reply, kind)
 
-    async def require(self, workflow_ids: list[str]) -> None:
-        """404 unless every one of ``workflow_ids`` is a workflow of the app: one ``list_workflows`` naming them
-        (ids only), since some SDKs answer a cancel or a delete of an unknown id with success."""
-        listing = await self.read("list_workflows", {"body": c.existence_body(workflow_ids)}, c.ListWorkflowsReply)
+    async def require(self, workflow_ids: list[str], *, absent: str | None = None) -> None:
+        """404 unless every one of ``workflow_ids`` is a workflow of the app, and 409 when ``absent`` (the id of a
+        workflow about to be made) is one already: one ``list_workflows`` naming them all (ids only), since some SDKs
+        answer a cancel or a delete of an unknown id with success, and a fork under a taken id with an error (a 502
+        blaming the executor; one made meanwhile still gets that error)."""
+        asked = [*workflow_ids, *([absent] if absent is not None else [])]
+        listing = await self.read("list_workflows", {"body": c.existence_body(asked)}, c.ListWorkflowsReply)
         known = {w.WorkflowUUID for w in listing.output}
         unknown = [i for i in workflow_ids if i not in known]
         if len(workflow_ids) == 1 and unknown:
@@ -178,13 +181,8 @@ class Managed:
             names = clip(", ".join(repr(i) for i in unknown))
             raise NotFoundError(f"{len(unknown)} of the {len(workflow_ids)} workflows not found, so none was "
                                 f"changed: {names}")
-
-    async def require_absent(self, workflow_id: str) -> None:
-        """409 when ``workflow_id`` is a workflow of the app already: the SDKs refuse to make a second one under it
-        with an error, which would be a 502 blaming the executor. (One made meanwhile still gets that error.)"""
-        listing = await self.read("list_workflows", {"body": c.existence_body([workflow_id])}, c.ListWorkflowsReply)
-        if any(w.WorkflowUUID == workflow_id for w in listing.output):
-            raise ConflictError(f"workflow {workflow_id!r} already exists: give the fork another newWorkflowId")
+        if absent is not None and absent in known:
+            raise ConflictError(f"workflow {absent!r} already exists: give the fork another newWorkflowId")
 
     async def require_schedule(self, name: str) -> None:
         """404 unless ``name`` is a schedule of the app: the SDKs answer a trigger or a backfill of an unknown one
@@ -202,12 +200,10 @@ class Managed:
         must exist (404, audited, and nothing sent); ``new_workflow_id``: the id of the workflow it makes, which
         must not exist yet (409, audited, and nothing sent)."""
         try:
-            if workflow_ids:
-                await self.require(workflow_ids)
+            if workflow_ids or new_workflow_id is not None:
+                await self.require(workflow_ids or [], absent=new_workflow_id)
             if schedule is not None:
                 await self.require_schedule(schedule)
-            if new_workflow_id is not None:
-                await self.require_absent(new_workflow_id)
             answer = await self.ask(kind, fields, pick=pick, version=version)
             parsed = parse(answer, reply, kind)
         except RelayError as err:

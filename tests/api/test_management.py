@@ -420,7 +420,9 @@ async def test_a_fork_under_an_existing_id_is_a_409_and_nothing_is_sent(env: Env
     """The SDKs refuse to make a second workflow under an id with an error (a 502 that blamed the executor)."""
     problem = assert_problem(await env.client.post(f"{BASE}/workflows/w-1/fork", json={"newWorkflowId": "w-2"}), 409)
     assert problem["detail"] == "workflow 'w-2' already exists: give the fork another newWorkflowId"
-    assert [sent.kind for sent in env.fake.sent] == ["list_workflows", "list_workflows"]  # w-1 there, w-2 too
+    # One look naming both: w-1 there (or 404), w-2 there too (so 409); no fork sent.
+    assert [(sent.kind, sent.fields["body"]["workflow_uuids"]) for sent in env.fake.sent] == \
+        [("list_workflows", ["w-1", "w-2"])]
     row = env.api.store.list_audit(ORG, app=APP, limit=1)[0]
     assert (row.operation, row.status) == ("workflow.fork", "failure")
 
