@@ -141,32 +141,24 @@ def _python_current() -> list[str]:
     return [str(python), str(EXECUTORS / "python" / "executor.py")]
 
 
-def _typescript() -> list[str]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the TypeScript executor needs Node >= 20")
-    _installed(EXECUTORS / "typescript" / "node_modules" / ".installed", "typescript")
-    return [node, "executor.js"]
+def _node(name: str) -> Callable[[], list[str]]:
+    """The TypeScript executor in tests/executors/<name> (``executor.js``, run from there)."""
+    def command() -> list[str]:
+        node = shutil.which("node")
+        if node is None:
+            pytest.fail("node is not on PATH: the TypeScript executor needs Node >= 20")
+        _installed(EXECUTORS / name / "node_modules" / ".installed", name)
+        return [node, "executor.js"]
+    return command
 
 
-def _go() -> list[str]:
-    binary = EXECUTORS / "go" / "bin" / "executor"
-    _installed(binary, "go")
-    return [str(binary)]
-
-
-def _typescript_current() -> list[str]:
-    node = shutil.which("node")
-    if node is None:
-        pytest.fail("node is not on PATH: the TypeScript executor needs Node >= 20")
-    _installed(EXECUTORS / "typescript-current" / "node_modules" / ".installed", "typescript-current")
-    return [node, "executor.js"]
-
-
-def _go_current() -> list[str]:
-    binary = EXECUTORS / "go-current" / "bin" / "executor"
-    _installed(binary, "go-current")
-    return [str(binary)]
+def _go(name: str) -> Callable[[], list[str]]:
+    """The Go executor built in tests/executors/<name>/bin."""
+    def command() -> list[str]:
+        binary = EXECUTORS / name / "bin" / "executor"
+        _installed(binary, name)
+        return [str(binary)]
+    return command
 
 
 def _java() -> list[str]:
@@ -186,16 +178,16 @@ SDKS = {
     "python-current": Sdk("python-current", "3.4.0", postgres_only=False, pong_timeout=timedelta(seconds=15),
                           command=_python_current, language="python"),
     "typescript": Sdk("typescript", "5.2.11", postgres_only=True, pong_timeout=timedelta(seconds=15),
-                      command=_typescript, cwd=EXECUTORS / "typescript"),
-    "go": Sdk("go", "v1.6.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go),
+                      command=_node("typescript"), cwd=EXECUTORS / "typescript"),
+    "go": Sdk("go", "v1.6.0", postgres_only=False, pong_timeout=timedelta(seconds=30), command=_go("go")),
     "java": Sdk("java", "1.1.0-m6", postgres_only=True, pong_timeout=timedelta(seconds=15),
                 command=_java),
     # The current TypeScript and Go releases, through Relay's own clients (clients/typescript, clients/go).
     "typescript-current": Sdk("typescript-current", "5.3.0", postgres_only=True, pong_timeout=timedelta(seconds=15),
-                              command=_typescript_current, cwd=EXECUTORS / "typescript-current",
+                              command=_node("typescript-current"), cwd=EXECUTORS / "typescript-current",
                               language="typescript"),
     "go-current": Sdk("go-current", "v1.9.0", postgres_only=False, pong_timeout=timedelta(seconds=15),
-                      command=_go_current, language="go"),
+                      command=_go("go-current"), language="go"),
 }
 
 
