@@ -8,7 +8,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 # every pytest process imports some 430 modules, and would compile them all again, seconds per process.
 unexport PYTHONDONTWRITEBYTECODE
 
-.PHONY: run test test-sdk client-check check lint openapi bench clean system-deps lock
+.PHONY: run test test-sdk client-check check lint openapi reference docs bench clean system-deps lock
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -122,6 +122,7 @@ client-check: $(PY_STAMP) $(TS_CURRENT_STAMP) $(GO_CURRENT_BIN)
 # concurrent tier first; RELAY_TEST_TIERS=sequential: everything one after the other, no cgroup. Every test, once.
 test: $(STAMP) system-deps $(EXECUTORS_BUILT)
 	$(VENV)/bin/ruff check .
+	$(MAKE) --no-print-directory docs
 	$(MAKE) --no-print-directory client-check
 	$(PY) -m tests.tiers
 
@@ -153,6 +154,16 @@ bench: $(STAMP)
 
 openapi: $(STAMP)
 	$(PY) -m api.openapi > api/spec/openapi.json
+
+# The documentation's reference pages (settings, CLI, metrics, audit events, REST API), generated from the code;
+# tests/unit/test_docs_reference.py fails when one drifts from it.
+reference: $(STAMP)
+	$(PY) docs/reference.py
+
+# The documentation site, into .relay/site: strict (docs/mkdocs.yml), so a broken link or anchor, a page left out
+# of the nav, or any other warning fails it. Offline: open .relay/site/index.html, or `mkdocs serve -f docs/mkdocs.yml`.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet -f docs/mkdocs.yml
 
 # The image's dependencies (Dockerfile): requirements.lock holds every runtime package of relay[postgres], pinned
 # with hashes, for the image's interpreter and platform whatever this machine is (CPython 3.11, as the venv and

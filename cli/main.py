@@ -6,11 +6,10 @@ import argparse
 import asyncio
 import difflib
 import logging
-import os
 import re
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
@@ -22,7 +21,7 @@ from cli import temporal_setup as temporal_setup_cli
 from cli import workflows as workflows_cli
 from cli.common import AFTER_PARSE, api_key
 from core.errors import SchemaVersionError
-from core.logs import configure as configure_logging
+from core.logs import configure_from_environment as configure_logging
 from core.logs import install_redaction
 from core.names import DEFAULT_ORG
 from core.settings import Settings
@@ -44,6 +43,13 @@ class RelayParser(argparse.ArgumentParser):
         if check is not None and (problem := check(parsed)):
             self.error(problem)
         return parsed, extras
+
+    def add_subparsers(self, **kwargs: Any) -> Any:
+        """argparse's, remembering the subcommands' parsers by name (``subcommands``): the CLI reference
+        (docs/reference.py) walks the command tree by it."""
+        action = super().add_subparsers(**kwargs)
+        self.subcommands: dict[str, argparse.ArgumentParser] = action.choices
+        return action
 
     def error(self, message: str) -> NoReturn:
         choice = re.search(r"invalid choice: '?([^' ]*)'? \(choose from (.*)\)$", message)
@@ -85,8 +91,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
-        configure_logging(level=os.environ.get("RELAY_LOG_LEVEL", "INFO"),
-                          style=os.environ.get("RELAY_LOG_FORMAT", "text").lower())
+        configure_logging()
     except ValueError as err:  # an unknown level or format: say which, without a traceback
         raise SystemExit(f"relay: {err}") from None
     install_redaction()

@@ -9,6 +9,7 @@ import asyncio
 import atexit
 import json
 import logging
+import os
 import re
 import sys
 import threading
@@ -54,6 +55,23 @@ class JsonLines(logging.Formatter):
         if record.exc_info:
             line["exc"] = self.formatException(record.exc_info)
         return json.dumps({name: scrub(value) for name, value in line.items()}, ensure_ascii=False)
+
+
+# Read from the environment before ``Settings`` is (``configure_from_environment``): a setting ``Settings`` refuses
+# must already be said in the chosen format. Name, default and meaning (docs/pages/reference/settings.md lists them
+# beside ``Settings``' own).
+ENVIRONMENT: dict[str, tuple[str, str]] = {
+    "RELAY_LOG_LEVEL": ("INFO", "The console log's level (a Python logging level name)."),
+    "RELAY_LOG_FORMAT": ("text", "`text`: a line per record; `json`: one JSON object per line (`time`, `level`, "
+                                 "`logger`, `message`, and `org`, `app`, `executor_id`, `workflow_id`, `request_id` "
+                                 "when the line is about one), keys redacted in every field."),
+}
+
+
+def configure_from_environment() -> None:
+    """``configure`` as ``RELAY_LOG_LEVEL`` and ``RELAY_LOG_FORMAT`` say."""
+    setting = {name: os.environ.get(name, default) for name, (default, _) in ENVIRONMENT.items()}
+    configure(level=setting["RELAY_LOG_LEVEL"], style=setting["RELAY_LOG_FORMAT"].lower())
 
 
 def configure(*, level: str = "INFO", style: str = "text") -> None:

@@ -47,7 +47,7 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -89,61 +89,88 @@ GCCollector(registry=REGISTRY)
 _FAST = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 _SLOW = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600)
 
-RECOVERIES = Counter("relay_recoveries", "Recovery outcomes: succeeded and failed per attempt, blocked once per "
-                     "stretch with no HEALTHY peer of the dead executor's version.", ["org", "app", "outcome"],
-                     registry=REGISTRY)
-RECOVERY_DURATION = Histogram("relay_recovery_duration_seconds", "From DEAD recorded to recovery confirmed.",
-                              ["org", "app"], buckets=_SLOW, registry=REGISTRY)
-DEAD_LATENESS = Histogram("relay_dead_lateness_seconds", "DEAD recorded minus the end of the grace "
-                          "(DISCONNECTED recorded + the app's executorTimeoutSecs, or an extended grace's end).",
-                          buckets=_FAST, registry=REGISTRY)
-SIGNAL_DELAY = Histogram("relay_signal_delay_seconds", "From a socket event on an executor's gateway (handshake "
-                         "done, socket closed) to its lifecycle workflow recording it (HEALTHY written in the "
-                         "registry; DISCONNECTED, which the gateway writes at the close, taken in).",
-                         buckets=_FAST, registry=REGISTRY)
-MOVES = Counter("relay_gateway_moves", "A HEALTHY executor's new socket, written to the registry by its gateway as "
-                "its connected landed, by outcome: written; already (its workflow took the signal in first and wrote "
-                "it); lost (another write in between, or this gateway known gone: its workflow writes it); unread "
-                "(the row not read in time: its workflow writes it).",
-                ["outcome"], registry=REGISTRY)
-CONNECTED = Histogram("relay_gateway_connected_seconds", "From an executor's handshake done on this gateway to its "
-                      "connected landed in Temporal (stage landed) and, for a HEALTHY executor's new socket, to its "
-                      "move written to the registry by this gateway (stage moved).", ["stage"],
-                      buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60), registry=REGISTRY)
-TRANSITIONS = Counter("relay_executor_transitions", "Executor statuses written to the registry.",
-                      ["org", "app", "status"], registry=REGISTRY)
-HANDSHAKE = Histogram("relay_handshake_seconds", "From an executor's upgrade request to its executor_info reply.",
-                      buckets=_FAST, registry=REGISTRY)
-REFUSALS = Counter("relay_refusals", "Executor upgrades refused and handshakes failed, by reason.", ["reason"],
-                   registry=REGISTRY)
-CONNECTIONS = Gauge("relay_gateway_connections", "Executor sockets held by this gateway process.",
-                    registry=REGISTRY)
-REBALANCE_SHED = Counter("relay_gateway_rebalance_shed", "Executor sockets this gateway closed (1012) to even out "
-                         "the live gateways' shares; they reconnect through the load balancer.", registry=REGISTRY)
-REBALANCE_HANDOFFS = Counter("relay_gateway_rebalance_handoffs", "Executors closed to rebalance, by outcome: moved "
-                             "(on another gateway within the handoff: no disconnect recorded); returned (sent back to "
-                             "this one by the load balancer: the shedding pauses); disconnected (not back within it, "
-                             "or this gateway stopped: disconnected as any closed socket).",
-                             ["outcome"], registry=REGISTRY)
-FAIR_SHARE = Gauge("relay_gateway_fair_share", "The live gateways' executor sockets divided by their number, as this "
-                   "gateway last counted them (0 when it is alone or not taking sockets).", registry=REGISTRY)
-MANAGEMENT_REQUESTS = Counter("relay_management_requests", "Workflow management requests to executors, by "
-                              "operation and result.", ["operation", "status"], registry=REGISTRY)
-MANAGEMENT_SECONDS = Histogram("relay_management_request_seconds", "Workflow management requests' duration.",
-                               ["operation"], buckets=_FAST, registry=REGISTRY)
-RETENTION_ROUNDS = Counter("relay_retention_rounds", "Retention rounds: succeeded and failed per attempt, "
-                           "skipped.", ["org", "app", "outcome"], registry=REGISTRY)
+@dataclass(frozen=True)
+class MetricDoc:
+    """One of Relay's metrics as the reference lists it (docs/reference.py): its name as exposed (a counter's with
+    ``_total``), kind, labels and help."""
 
-AUDIT_ROWS_PRUNED = Counter("relay_audit_rows_pruned", "Audit rows older than the audit retention, deleted by the "
-                            "retention rounds.", registry=REGISTRY)
+    name: str
+    kind: str
+    labels: tuple[str, ...]
+    help: str
 
-ORPHANS_FOUND = Counter("relay_orphans_found", "Executor ids with old PENDING workflows and no registry row, found "
-                        "by the orphan sweep (each found once per sweep).", ["org", "app"], registry=REGISTRY)
 
-EXECUTORS_RECONCILED = Counter(
+# Every metric of ``REGISTRY``, as it was defined (below, and the two collectors').
+CATALOGUE: list[MetricDoc] = []
+
+
+def _counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Counter:
+    CATALOGUE.append(MetricDoc(f"{name}_total", "counter", tuple(labels), documentation))
+    return Counter(name, documentation, labels, registry=REGISTRY)
+
+
+def _gauge(name: str, documentation: str, labels: Sequence[str] = ()) -> Gauge:
+    CATALOGUE.append(MetricDoc(name, "gauge", tuple(labels), documentation))
+    return Gauge(name, documentation, labels, registry=REGISTRY)
+
+
+def _histogram(name: str, documentation: str, labels: Sequence[str] = (), *, buckets: Sequence[float]) -> Histogram:
+    CATALOGUE.append(MetricDoc(name, "histogram", tuple(labels), documentation))
+    return Histogram(name, documentation, labels, buckets=buckets, registry=REGISTRY)
+
+
+RECOVERIES = _counter("relay_recoveries", "Recovery outcomes: succeeded and failed per attempt, blocked once per "
+                      "stretch with no HEALTHY peer of the dead executor's version.", ["org", "app", "outcome"])
+RECOVERY_DURATION = _histogram("relay_recovery_duration_seconds", "From DEAD recorded to recovery confirmed.",
+                               ["org", "app"], buckets=_SLOW)
+DEAD_LATENESS = _histogram("relay_dead_lateness_seconds", "DEAD recorded minus the end of the grace "
+                           "(DISCONNECTED recorded + the app's executorTimeoutSecs, or an extended grace's end).",
+                           buckets=_FAST)
+SIGNAL_DELAY = _histogram("relay_signal_delay_seconds", "From a socket event on an executor's gateway (handshake "
+                          "done, socket closed) to its lifecycle workflow recording it (HEALTHY written in the "
+                          "registry; DISCONNECTED, which the gateway writes at the close, taken in).",
+                          buckets=_FAST)
+MOVES = _counter("relay_gateway_moves", "A HEALTHY executor's new socket, written to the registry by its gateway as "
+                 "its connected landed, by outcome: written; already (its workflow took the signal in first and wrote "
+                 "it); lost (another write in between, or this gateway known gone: its workflow writes it); unread "
+                 "(the row not read in time: its workflow writes it).",
+                 ["outcome"])
+CONNECTED = _histogram("relay_gateway_connected_seconds", "From an executor's handshake done on this gateway to its "
+                       "connected landed in Temporal (stage landed) and, for a HEALTHY executor's new socket, to its "
+                       "move written to the registry by this gateway (stage moved).", ["stage"],
+                       buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 15, 30, 60))
+TRANSITIONS = _counter("relay_executor_transitions", "Executor statuses written to the registry.",
+                       ["org", "app", "status"])
+HANDSHAKE = _histogram("relay_handshake_seconds", "From an executor's upgrade request to its executor_info reply.",
+                       buckets=_FAST)
+REFUSALS = _counter("relay_refusals", "Executor upgrades refused and handshakes failed, by reason.", ["reason"])
+CONNECTIONS = _gauge("relay_gateway_connections", "Executor sockets held by this gateway process.")
+REBALANCE_SHED = _counter("relay_gateway_rebalance_shed", "Executor sockets this gateway closed (1012) to even out "
+                          "the live gateways' shares; they reconnect through the load balancer.")
+REBALANCE_HANDOFFS = _counter("relay_gateway_rebalance_handoffs", "Executors closed to rebalance, by outcome: moved "
+                              "(on another gateway within the handoff: no disconnect recorded); returned (sent back to "
+                              "this one by the load balancer: the shedding pauses); disconnected (not back within it, "
+                              "or this gateway stopped: disconnected as any closed socket).",
+                              ["outcome"])
+FAIR_SHARE = _gauge("relay_gateway_fair_share", "The live gateways' executor sockets divided by their number, as this "
+                    "gateway last counted them (0 when it is alone or not taking sockets).")
+MANAGEMENT_REQUESTS = _counter("relay_management_requests", "Workflow management requests to executors, by "
+                               "operation and result.", ["operation", "status"])
+MANAGEMENT_SECONDS = _histogram("relay_management_request_seconds", "Workflow management requests' duration.",
+                                ["operation"], buckets=_FAST)
+RETENTION_ROUNDS = _counter("relay_retention_rounds", "Retention rounds: succeeded and failed per attempt, "
+                            "skipped.", ["org", "app", "outcome"])
+
+AUDIT_ROWS_PRUNED = _counter("relay_audit_rows_pruned", "Audit rows older than the audit retention, deleted by the "
+                             "retention rounds.")
+
+ORPHANS_FOUND = _counter("relay_orphans_found", "Executor ids with old PENDING workflows and no registry row, found "
+                         "by the orphan sweep (each found once per sweep).", ["org", "app"])
+
+EXECUTORS_RECONCILED = _counter(
     "relay_executors_reconciled", "Registry rows whose lifecycle workflow was not running (Temporal's state lost, "
-    "or the workflow terminated by hand) and was started again from the row, by the row's status.",
-    ["org", "app", "status"], registry=REGISTRY)
+     "or the workflow terminated by hand) and was started again from the row, by the row's status.",
+     ["org", "app", "status"])
 
 
 class DesiredExecutors(Collector):
@@ -153,6 +180,7 @@ class DesiredExecutors(Collector):
     policy deleted meanwhile) does not bring them back: ``put`` with the ``mark`` taken when it began."""
 
     NAME = "relay_app_desired_executors"
+    LABELS = ("org", "app", "version")
     HELP = ("Executors each application version needs for its app's autoscaling policy queue (getAutoscale's "
             "desiredExecutors), as this gateway last computed it; for an HPA or KEDA to scale executors on.")
 
@@ -186,10 +214,10 @@ class DesiredExecutors(Collector):
             return set(self._apps)
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(self.NAME, self.HELP, labels=["org", "app", "version"])]
+        return [GaugeMetricFamily(self.NAME, self.HELP, labels=self.LABELS)]
 
     def collect(self) -> Iterable[Metric]:
-        family = GaugeMetricFamily(self.NAME, self.HELP, labels=["org", "app", "version"])
+        family = GaugeMetricFamily(self.NAME, self.HELP, labels=self.LABELS)
         with self._lock:
             for (org, app), versions in sorted(self._apps.items()):
                 for version, n in sorted(versions.items()):
@@ -199,9 +227,12 @@ class DesiredExecutors(Collector):
 
 DESIRED_EXECUTORS = DesiredExecutors()
 REGISTRY.register(DESIRED_EXECUTORS)
+CATALOGUE.append(MetricDoc(DesiredExecutors.NAME, "gauge", DesiredExecutors.LABELS, DesiredExecutors.HELP))
 
 EXECUTORS = "relay_executors"
 EXECUTORS_HELP = "Executors in the registry, by status: every status of every registered app, zero included."
+EXECUTORS_LABELS = ("org", "app", "status")
+CATALOGUE.append(MetricDoc(EXECUTORS, "gauge", EXECUTORS_LABELS, EXECUTORS_HELP))  # ``ExecutorsCollector``
 REFUSAL_REASONS = {401: "unauthorized", 403: "forbidden", 404: "not_found", 429: "rate_limited",
                    503: "unavailable"}
 
@@ -218,7 +249,7 @@ class ExecutorsCollector(Collector):
         self._engine, self._org = engine, org
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=["org", "app", "status"])]
+        return [GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=EXECUTORS_LABELS)]
 
     def collect(self) -> Iterable[Metric]:
         try:
@@ -226,7 +257,7 @@ class ExecutorsCollector(Collector):
         except SQLAlchemyError as err:  # the database is away: no number rather than a wrong one
             log.warning("relay_executors not collected: the database is unavailable: %s", type(err).__name__)
             return []
-        family = GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=["org", "app", "status"])
+        family = GaugeMetricFamily(EXECUTORS, EXECUTORS_HELP, labels=EXECUTORS_LABELS)
         for (org, app, status), n in sorted(counts.items()):
             family.add_metric([org, app, status], n)
         return [family]

@@ -1,11 +1,13 @@
-"""The README's commands, as written: every `relay` and `curl` command of its fenced `sh` blocks that talks to
-Relay is run in a shell against a `relay dev` of this module's own, and must succeed (exit 0, no traceback; curl
-with ``--fail-with-body``, so an HTTP error fails it).
+"""The README's and the documentation's commands, as written: every `relay` and `curl` command of their fenced `sh`
+blocks that talks to Relay is run in a shell against a `relay dev` of this module's own, and must succeed (exit 0, no
+traceback; curl with ``--fail-with-body``, so an HTTP error fails it). A block fenced `shell` is shown, not run: it
+needs what this machine lacks (a fleet of executors, Kubernetes, Docker, Temporal Cloud).
 
 What a block needs of the world is what the README says around it: the `relay` CLI and a Python with dbos on PATH,
 ``RELAY_API_KEY`` set (the dev key), the gateway's port instead of the default 8090 (``RELAY_PORT``, and in the text
-of each command and of ``app.py``). The blocks of one section run in order, in one directory, on what the ones
-before left; each section starts on an org with no apps. Placeholders (``<rule id>``) are filled in from what the
+of each command and of ``app.py``). The blocks of one section (a page's
+"## " heading) run in order, in one directory, on what the ones before left; each section starts on an org with no
+apps. Placeholders (``<rule id>``) are filled in from what the
 commands before made; an unknown one fails the test, naming it.
 
 "Try a recovery by hand" is run as a person would: ``app.py`` from the README's Python block, executor A
@@ -32,6 +34,8 @@ from tests.support import VENV_BIN, Process, Relay, running_relay, wait_until
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 README = Path(__file__).parents[2] / "README.md"
+DOCS = README.parent / "docs" / "pages"
+PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 DEFAULT_ADDRESS = "127.0.0.1:8090"  # the README's gateway address: this module's own port instead
 # `relay` subcommands that call the REST API (the others start processes or talk to Temporal or the database).
 API_COMMANDS = {"apps", "executors", "audit", "keys", "workflows", "queues", "schedules", "versions", "drain",
@@ -42,19 +46,20 @@ PLACEHOLDER = re.compile(r"<[^<>\s][^<>]*>")
 
 @dataclass(frozen=True)
 class Block:
-    section: str  # the "## " heading it is under
+    section: str  # the page, and the "## " heading it is under: "README.md: Alerts"
     line: int  # where it starts in the README
     language: str
     commands: list[str]  # one a line, continuation lines joined; comment lines kept
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     blocks = []
     for match in FENCE.finditer(text):
         before = text[:match.start()]
         headings = re.findall(r"^## (.+)$", before, re.M)
         lines = [line.strip() for line in match.group(2).replace("\\\n", " ").splitlines() if line.strip()]
-        blocks.append(Block(headings[-1] if headings else "", before.count("\n") + 1, match.group(1), lines))
+        blocks.append(Block(f"{page}: {headings[-1] if headings else ''}", before.count("\n") + 1, match.group(1),
+                            lines))
     return blocks
 
 
@@ -64,20 +69,22 @@ def talks_to_relay(command: str) -> bool:
 
 
 def _sections() -> dict[str, list[Block]]:
-    """The sections whose `sh` blocks hold a command that talks to Relay, and those blocks, in README order."""
+    """The sections whose `sh` blocks hold a command that talks to Relay, and those blocks, in page order."""
     out: dict[str, list[Block]] = {}
-    for block in readme_blocks(README.read_text()):
+    for block in (b for page in PAGES for b in readme_blocks(page.read_text(), str(page.relative_to(README.parent)))):
         if block.language == "sh" and any(talks_to_relay(c) for c in block.commands):
             out.setdefault(block.section, []).append(block)
     return out
 
 
 SECTIONS = _sections()
+WALKTHROUGH = "README.md: Try a recovery by hand"
 
 
 def test_the_readme_blocks_are_found() -> None:
-    """The parser finds what this module runs (a README reworded beyond it would otherwise run nothing)."""
-    assert {"Try a recovery by hand", "Admin CLI", "Alerts"} <= SECTIONS.keys(), SECTIONS.keys()
+    """The parser finds what this module runs (a page reworded beyond it would otherwise run nothing)."""
+    assert WALKTHROUGH in SECTIONS, SECTIONS.keys()
+    assert len({section.split(":")[0] for section in SECTIONS} - {"README.md"}) >= 4, SECTIONS.keys()
     commands = [c for blocks in SECTIONS.values() for b in blocks for c in b.commands if talks_to_relay(c)]
     assert len(commands) >= 15, commands
     assert any(c.startswith("curl ") and "Content-Type: application/json" in c for c in commands), commands
@@ -169,7 +176,7 @@ def _run_block(shell: Shell, block: Block) -> None:
         assert len(printed.splitlines()) >= 2, printed  # the header, and the entries of the block so far
 
 
-@pytest.mark.parametrize("section", sorted(set(SECTIONS) - {"Try a recovery by hand"}))
+@pytest.mark.parametrize("section", sorted(set(SECTIONS) - {WALKTHROUGH}))
 def test_a_section_runs_as_written(shell: Shell, section: str) -> None:
     for block in SECTIONS[section]:
         _run_block(shell, block)
@@ -177,7 +184,6 @@ def test_a_section_runs_as_written(shell: Shell, section: str) -> None:
 
 # -- the walkthrough ---------------------------------------------------------------------------------------------
 
-WALKTHROUGH = "Try a recovery by hand"
 RECOVERY_OPERATIONS = ["executor.disconnected", "executor.dead", "executor.recovery.dispatched",
                        "executor.recovery.succeeded", "executor.deleted"]
 
@@ -185,7 +191,8 @@ RECOVERY_OPERATIONS = ["executor.disconnected", "executor.dead", "executor.recov
 def _app_py(shell: Shell) -> None:
     """``app.py``, saved from the walkthrough's Python block as the README says."""
     text = README.read_text()
-    source = next(m.group(2) for m in FENCE.finditer(text, text.index("## " + WALKTHROUGH)) if m.group(1) == "python")
+    start = text.index("## " + WALKTHROUGH.split(": ", 1)[1])
+    source = next(m.group(2) for m in FENCE.finditer(text, start) if m.group(1) == "python")
     (shell.cwd / "app.py").write_text(source.replace(DEFAULT_ADDRESS, shell.address))
 
 
