@@ -61,13 +61,15 @@ def _page(request: Request, template: str, **context: str) -> HTMLResponse:
     root = request.scope.get("root_path", "")
     gateway = getattr(request.app.state, "gateway", None)
     settings = None if gateway is None else gateway.settings
+    # The namespace the gateway's client is in: RELAY_TEMPORAL_NAMESPACE, else TEMPORAL_NAMESPACE or a profile's.
+    namespace = "default" if gateway is None else gateway.client.namespace
     html = _templates.get_template(template).render(
         root=root, console=f"{root}{PREFIX}", assets=f"{root}{PREFIX}/assets", version=asset_version(),
-        temporal_ui=temporal_ui(settings), **context)
+        temporal_ui=temporal_ui(settings, namespace), **context)
     return HTMLResponse(html, headers=HEADERS)
 
 
-def temporal_ui(settings: Settings | None) -> str:
+def temporal_ui(settings: Settings | None, namespace: str) -> str:
     """Where the Temporal UI shows a workflow of Relay's namespace (a lifecycle workflow's id is appended), or ""
     when it is unknown: RELAY_TEMPORAL_UI_URL, else the embedded server's UI under `relay dev`."""
     if settings is None:
@@ -76,7 +78,7 @@ def temporal_ui(settings: Settings | None) -> str:
                                         if settings.temporal_address is None else "")
     if not base:
         return ""
-    return f"{base.rstrip('/')}/namespaces/{quote(settings.temporal_namespace or 'default', safe='')}/workflows/"
+    return f"{base.rstrip('/')}/namespaces/{quote(namespace, safe='')}/workflows/"
 
 
 @router.get(PREFIX)

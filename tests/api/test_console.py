@@ -86,10 +86,10 @@ async def test_the_root_leads_to_the_console(client: httpx.AsyncClient) -> None:
 
 
 def test_the_temporal_ui_link(tmp_path: Path) -> None:
-    assert temporal_ui(None) == ""
+    assert temporal_ui(None, "default") == ""
     embedded = Settings(data_dir=tmp_path, temporal_ui_port=9233)
-    assert temporal_ui(embedded) == "http://127.0.0.1:9233/namespaces/default/workflows/"
-    assert temporal_ui(Settings(data_dir=tmp_path, temporal_address="temporal:7233")) == ""
-    given = Settings(data_dir=tmp_path, temporal_address="temporal:7233", temporal_namespace="prod",
-                     temporal_ui_url="https://temporal.example/")
-    assert temporal_ui(given) == "https://temporal.example/namespaces/prod/workflows/"
+    assert temporal_ui(embedded, "default") == "http://127.0.0.1:9233/namespaces/default/workflows/"
+    assert temporal_ui(Settings(data_dir=tmp_path, temporal_address="temporal:7233"), "default") == ""
+    # The namespace is the one the gateway's client is in, however it was set (TEMPORAL_NAMESPACE alone included).
+    given = Settings(data_dir=tmp_path, temporal_address="temporal:7233", temporal_ui_url="https://temporal.example/")
+    assert temporal_ui(given, "prod") == "https://temporal.example/namespaces/prod/workflows/"
