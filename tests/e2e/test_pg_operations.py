@@ -264,13 +264,13 @@ def test_the_compose_files_database_roles_are_the_readmes(cluster: PostgresClust
         store.engine.dispose()
 
 
-def test_the_readmes_roles_for_an_earlier_compose_volume(tmp_path: Path) -> None:
-    """The README's commands for a compose data volume made by an earlier release: the image's bootstrap superuser
-    ``relay`` owns the database and its tables (here, this cluster's own superuser, also ``relay``); run as written
-    (the ``psql -c`` commands of its block, passwords put in), ``relay_app`` reads and writes every table, those of
-    a later migration too, and creates nothing."""
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    [block] = [b for b in re.findall(r"```sh\n(.*?)```", readme, re.S) if "docker compose exec relay-postgresql" in b]
+def test_the_compose_guides_roles_for_an_earlier_compose_volume(tmp_path: Path) -> None:
+    """The compose guide's commands for a compose data volume made by an earlier release: the image's bootstrap
+    superuser ``relay`` owns the database and its tables (here, this cluster's own superuser, also ``relay``); run
+    as written (the ``psql -c`` commands of its block, passwords put in), ``relay_app`` reads and writes every
+    table, those of a later migration too, and creates nothing."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "pages" / "guides" / "compose.md").read_text()
+    [block] = [b for b in re.findall(r"```shell\n(.*?)```", guide, re.S) if "docker compose exec relay-postgresql" in b]
     commands = [c.replace("<RELAY_APP_DB_PASSWORD>", "app-password") for c in re.findall(r'-c "([^"]+)"', block)]
     assert len(commands) == 4 and "-U relay -d relay" in block
     with postgres_cluster() as legacy:  # its own cluster: roles are cluster-wide, and relay_app is made here
