@@ -3,8 +3,8 @@ search attributes Relay registers, the alerting rules' state and alerts, orphans
 I/O: ``core`` imports nothing above it, and the contracts (``workflows.contracts``) import these from here, so a
 workflow's payloads, the registry's rows and the REST API's bodies all read the same definitions."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: these are payloads of the workflows, whose annotations must be
+# types, not names (``workflows.contracts``' docstring).
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum

@@ -6,8 +6,7 @@ and the gateways' ``executor_request``.
 The logic (what a rule's metadata means, when it fires, what the webhook carries) is ``core.alerts``; the workflow
 only carries its results, so it imports nothing of ``core``."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any

@@ -1,8 +1,7 @@
 """What every workflow contract shares: task queue and activity names, search attributes, workflow ids, the
 executor's status and self-description, the signals the gateway watch sends too, and a chosen peer."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any

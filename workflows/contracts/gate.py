@@ -1,8 +1,7 @@
 """The recovery gate's contract (``core.gate``): the lifecycle workflow asks ``admit_recovery`` before a recovery's
 first request goes out, and waits as long as it is told to. Implemented in ``activities.gate``."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass, field
 from datetime import datetime
 

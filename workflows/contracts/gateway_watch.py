@@ -3,8 +3,7 @@ which the lifecycle workflow asks of a gateway too. Stubs of their activities: `
 ``probe_gateway`` are implemented in ``gateway.activities`` (they run in the gateway process, on its own task
 queue), ``disconnect_gateway_executors`` and ``gateway_gone`` in ``activities.registry``."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 

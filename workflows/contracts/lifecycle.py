@@ -2,8 +2,7 @@
 its activities (stubs: the database ones are implemented in ``activities.registry``, the socket-bound ones in
 ``gateway.activities``)."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 import contextlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta

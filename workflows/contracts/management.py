@@ -6,8 +6,7 @@ The reply travels compressed (zlib, then base64): Temporal refuses payloads over
 compresses several times over.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 import base64
 import json
 import zlib

@@ -5,8 +5,7 @@ gateways' ``executor_request``, as the alerts round does.
 
 The decision (which executor ids are orphans) is ``core.orphans``; the workflow only carries its results."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any

@@ -8,8 +8,7 @@ an older backup) or a workflow is terminated by hand, rows are left without one,
 them. The round finds those rows and starts each one's lifecycle workflow again, from the row
 (``LifecycleInput.reconcile``)."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass, field
 from datetime import timedelta
 

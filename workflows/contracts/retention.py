@@ -2,8 +2,7 @@
 log's retention), one app's round (``AppRetentionWorkflow``), and their activities (stubs: the database ones are
 implemented in ``activities.retention``, ``dispatch_retention`` in ``gateway.activities``)."""
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations``: a contract's annotations are types, not names (the package's docstring).
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
