@@ -31,11 +31,10 @@ from api.problems import responses
 from api.routes import audit as api_audit
 from api.routes import tokens as api_tokens
 from api.schemas import Application, Executor, PatchAppInputBody, PutAppInputBody
-from core import models
 from core.errors import TemporalUnavailableError
 from core.store import subject_of
 from gateway import Gateway
-from workflows.contracts.common import ExecutorStatus, lifecycle_workflow_id
+from workflows.contracts.common import lifecycle_workflow_id
 from workflows.contracts.lifecycle import RemovedSignal
 
 log = logging.getLogger("relay.gateway")
@@ -53,18 +52,12 @@ router.include_router(api_audit.router)
 APP_ERRORS = responses(401, 403, 404, 422)
 
 
-def _public(app: models.Application, executors: list[models.Executor]) -> Application:
-    available = any(e.status == ExecutorStatus.HEALTHY for e in executors)
-    language = next((e.language for e in reversed(executors) if e.language), None)
-    return Application.of(app, available=available, language=language)
-
-
 @router.get("/apps", operation_id="listApps", summary="List applications", tags=["Applications"],
             responses=responses(401, 403, 404, 422))
 async def list_apps(orgName: OrgName, p: OrgPrincipal, store: StoreDep) -> list[Application]:
     """The org's applications, by name; an app-restricted key sees only its own."""
     rows = await run_in_threadpool(store.list_apps, orgName, p.apps)
-    return [_public(app, executors) for app, executors in rows]
+    return [Application.of(app, available=e.available, language=e.language) for app, e in rows]
 
 
 @router.get("/apps/{appName}", operation_id="getApp", summary="Get application", tags=["Applications"],

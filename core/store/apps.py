@@ -22,6 +22,7 @@ from core.models import (
 )
 from core.store.audit import subject_of
 from core.store.base import InsertOnce, Principal, StoreBase, app_row, check_key, find_app
+from core.store.registry import AppExecutors, app_executors_columns
 
 _APPS = InsertOnce(Application, "org", "name")
 
@@ -72,19 +73,16 @@ class AppsStore(StoreBase):
             return app
 
     def list_apps(self, org: str, names: tuple[str, ...] | None = None
-                  ) -> list[tuple[Application, list[Executor]]]:
-        """The org's apps (only ``names``, when given), each with its executors, in name order."""
+                  ) -> list[tuple[Application, AppExecutors]]:
+        """The org's apps (only ``names``, when given), in name order, each with what getApp says of its executors
+        (``AppExecutors``), in one statement."""
+        available, language = app_executors_columns(col(Application.org), col(Application.name))
         with Session(self.engine) as s:
-            q = select(Application).where(Application.org == org)
+            q = select(Application, available, language).where(Application.org == org)
             if names is not None:
                 q = q.where(col(Application.name).in_(names))
-            apps = s.exec(q.order_by(col(Application.name))).all()
-            executors = s.exec(select(Executor).where(Executor.org == org)
-                               .order_by(col(Executor.created_at))).all()
-        by_app: dict[str, list[Executor]] = {}
-        for row in executors:
-            by_app.setdefault(row.app, []).append(row)
-        return [(app, by_app.get(app.name, [])) for app in apps]
+            rows = s.exec(q.order_by(col(Application.name))).all()
+        return [(app, AppExecutors(bool(healthy), lang)) for app, healthy, lang in rows]
 
     def delete_app(self, org: str, name: str, *, subject: str, source_ip: str,
                    orphans: list[str], details: dict[str, Any]) -> None:

@@ -10,10 +10,11 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists, tuple_
+from sqlalchemy import ColumnElement, Connection, Label, bindparam, exists, tuple_
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import select as sa_select
 from sqlalchemy import update as sa_update
+from sqlalchemy.orm import Mapped
 from sqlmodel import Session, col, select
 
 from core.models import Application, AuditLog, Executor, GatewayProcess, RecoveryClaim, RecoveryTicket, new_id
@@ -90,20 +91,29 @@ class AppExecutors:
     language: str | None
 
 
-_OF_APP = (col(Executor.org) == bindparam("org"), col(Executor.app) == bindparam("app"))
-_APP_EXECUTORS = sa_select(
-    exists().where(*_OF_APP, col(Executor.status) == bindparam("healthy")).label("available"),
-    sa_select(col(Executor.language)).where(*_OF_APP, col(Executor.language).is_not(None), col(Executor.language) != "")
-    .order_by(col(Executor.created_at).desc()).limit(1).scalar_subquery().label("language"),
-)
+def app_executors_columns(org: ColumnElement[str] | Mapped[str], app: ColumnElement[str] | Mapped[str]
+                          ) -> tuple[Label[bool], Label[str | None]]:
+    """``AppExecutors`` as two SQL columns, ``available`` and ``language``, of the app that ``org`` and ``app`` name:
+    bound parameters (getApp) or ``Application``'s own columns, correlated (listApps). No executor row is loaded."""
+    of_app = (col(Executor.org) == org, col(Executor.app) == app)
+    return (
+        exists().where(*of_app, col(Executor.status) == ExecutorStatus.HEALTHY).label("available"),
+        sa_select(col(Executor.language)).where(*of_app, col(Executor.language).is_not(None),
+                                                col(Executor.language) != "")
+        .order_by(col(Executor.created_at).desc()).limit(1).scalar_subquery().label("language"),
+    )
+
+
+_APP_EXECUTORS = sa_select(*app_executors_columns(bindparam("org"), bindparam("app")))
 
 
 def app_executors_on(c: Connection, org: str, app: str) -> AppExecutors:
-    """``AppExecutors`` in one statement on a connection the caller holds (no executor row is loaded)."""
-    row = c.execute(_APP_EXECUTORS, {"org": org, "app": app, "healthy": ExecutorStatus.HEALTHY}).one()
+    """``AppExecutors`` in one statement on a connection the caller holds."""
+    row = c.execute(_APP_EXECUTORS, {"org": org, "app": app}).one()
     return AppExecutors(bool(row.available), row.language)
 
 
+_OF_APP = (col(Executor.org) == bindparam("org"), col(Executor.app) == bindparam("app"))
 _DEAD = sa_select(col(Executor.executor_id)).where(*_OF_APP, col(Executor.status) == bindparam("dead"))
 
 

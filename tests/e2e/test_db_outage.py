@@ -38,6 +38,7 @@ from activities.registry import RegistryActivities
 from core.errors import ConflictError, NotFoundError
 from core.models import make_engine
 from core.store import Store, subject_of
+from core.store.registry import AppExecutors
 from core.temporal import connect as temporal_connect
 from tests.postgres import PostgresCluster, postgres_cluster, relay_on_postgres
 from tests.support import (
@@ -303,7 +304,7 @@ def test_every_store_query_runs(store: Store) -> None:
     assert store.list_retention_targets("local", APP)[0][1] == started
     assert store.org_exists("local") and not store.org_exists("elsewhere")
     [(listed, executors)] = store.list_apps("local", (APP,))
-    assert listed.id == app.id and [e.executor_id for e in executors] == ["e2", "e3"]
+    assert listed.id == app.id and executors == AppExecutors(available=True, language=None)
     store.create_token(org="local", name="ci", apps=[APP], subject=subject_of(me), source_ip="10.0.0.1")
     with pytest.raises(ConflictError):
         store.create_token(org="local", name="ci", apps=None, subject=subject_of(me), source_ip="")

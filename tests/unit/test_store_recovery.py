@@ -20,7 +20,7 @@ from core import metrics
 from core.errors import AuthError
 from core.models import AuditLog, ManagementClaim, RecoveryClaim, make_engine
 from core.store import MANAGEMENT_CLAIM_TTL, GraceBegun, Move, RowSeen, StatusWritten, Store
-from core.store.registry import _GATEWAY_GONE_AT
+from core.store.registry import _GATEWAY_GONE_AT, AppExecutors
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
@@ -138,14 +138,17 @@ def test_a_management_claim_left_behind_expires(store: Store) -> None:
 
 
 def test_get_apps_one_read_says_what_the_executor_list_says(store: Store) -> None:
-    """getApp reads ``available`` and ``language`` in one statement (``AppExecutors``); listApps computes them from
-    the executor rows. Both must agree: a HEALTHY executor makes the app available, and the language is the newest
+    """getApp and listApps read ``available`` and ``language`` through the same SQL (``app_executors_columns``), and
+    it agrees with the executor rows: a HEALTHY executor makes the app available, and the language is the newest
     executor's that named one."""
     key = store.create_token(org=ORG, name="t", apps=None, subject="test", source_ip="")
+    store.ensure_app(ORG, "other")  # no executors: listApps must not take APP's for it
 
     def read() -> tuple[bool, str | None]:
         executors = store.authorize_app(key, ORG, APP, with_executors=True).executors
         assert executors is not None
+        listed = {app.name: e for app, e in store.list_apps(ORG)}
+        assert listed == {APP: executors, "other": AppExecutors(False, None)}
         return executors.available, executors.language
 
     assert read() == (False, None)
