@@ -17,6 +17,9 @@ from typing import Any
 
 from core.settings import Settings
 
+# The database's modules (SQLAlchemy, Alembic's migrations, the models) are imported by this command when it runs,
+# not by every `relay` command that builds the parser: together they cost more than `relay --help` takes in all.
+
 
 def _migrate(args: argparse.Namespace, settings: Settings) -> None:
     # A database a newer Relay migrated raises SchemaVersionError: `relay` prints it in one line, exit status 1.

@@ -167,7 +167,7 @@ async def dev(settings: Settings) -> None:
 
 
 async def gateway(settings: Settings) -> None:
-    from cli import web
+    from cli import web  # the web stack, imported as `dev` does: `relay worker` never loads it
 
     install_sdk_runtime(settings.temporal_metrics_address)
     stop, now = asyncio.Event(), asyncio.Event()

@@ -84,6 +84,18 @@ _AGGREGATE_NAMES = {**LIST_NAMES, "appVersion": "app_version", "user": "user", "
                     "workflowName": "name"}
 
 
+_WORKFLOW_GROUPS = {
+    "groupByStatus": "group_by_status", "groupByWorkflowName": "group_by_name",
+    "groupByQueueName": "group_by_queue_name", "groupByExecutorId": "group_by_executor_id",
+    "groupByAppVersion": "group_by_application_version", "groupByApplicationName": "group_by_application_name",
+    "selectCount": "select_count", "selectMinCreatedAt": "select_min_created_at",
+    "selectMaxQueueWaitMs": "select_max_queue_wait_ms", "selectMaxTotalLatencyMs": "select_max_total_latency_ms",
+}
+# Each body's group flags, named once for its schema (``_one_of_given``) and its validator (``_require_grouping``).
+_WORKFLOW_GROUPS_ONLY = sorted(f for f in _WORKFLOW_GROUPS if f.startswith("groupBy"))
+_STEP_GROUPS_ONLY = ["groupByFunctionName", "groupByStatus"]
+
+
 def _one_of_given(flags: list[str], others: list[str]) -> dict[str, Any]:
     """JSON Schema for "at least one of these flags is true or one of these fields is given", so that the spec
     states what the model validators below check."""
@@ -96,8 +108,7 @@ class WorkflowAggregatesBody(WorkflowFilter):
     refuse an aggregate without a group)."""
 
     model_config = ConfigDict(json_schema_extra={
-        **_one_of_given(["groupByAppVersion", "groupByApplicationName", "groupByExecutorId", "groupByQueueName",
-                         "groupByStatus", "groupByWorkflowName"], ["timeBucketSizeMs"]),
+        **_one_of_given(_WORKFLOW_GROUPS_ONLY, ["timeBucketSizeMs"]),
         **extended("at least one groupBy* or timeBucketSizeMs")})
 
     groupByAppVersion: bool = False
@@ -118,16 +129,6 @@ class WorkflowAggregatesBody(WorkflowFilter):
         return self
 
 
-_WORKFLOW_GROUPS = {
-    "groupByStatus": "group_by_status", "groupByWorkflowName": "group_by_name",
-    "groupByQueueName": "group_by_queue_name", "groupByExecutorId": "group_by_executor_id",
-    "groupByAppVersion": "group_by_application_version", "groupByApplicationName": "group_by_application_name",
-    "selectCount": "select_count", "selectMinCreatedAt": "select_min_created_at",
-    "selectMaxQueueWaitMs": "select_max_queue_wait_ms", "selectMaxTotalLatencyMs": "select_max_total_latency_ms",
-}
-_WORKFLOW_GROUPS_ONLY = [f for f in _WORKFLOW_GROUPS if f.startswith("groupBy")]
-
-
 def workflow_aggregates_body(body: WorkflowAggregatesBody) -> dict[str, Any]:
     out = {**sdk_fields(body, _AGGREGATE_NAMES), **{sdk: getattr(body, rest) for rest, sdk in _WORKFLOW_GROUPS.items()}}
     if body.timeBucketSizeMs is not None:
@@ -139,7 +140,7 @@ class StepAggregatesBody(InputBody):
     """Upstream ``StepAggregatesBody``; as for workflows, a group or a time bucket is needed."""
 
     model_config = ConfigDict(json_schema_extra={
-        **_one_of_given(["groupByFunctionName", "groupByStatus"], ["timeBucketSizeMs"]),
+        **_one_of_given(_STEP_GROUPS_ONLY, ["timeBucketSizeMs"]),
         **extended("at least one groupBy* or timeBucketSizeMs")})
 
     completedAfter: OptTime = None
@@ -157,9 +158,6 @@ class StepAggregatesBody(InputBody):
     def _grouped(self) -> StepAggregatesBody:
         _require_grouping(self, _STEP_GROUPS_ONLY)
         return self
-
-
-_STEP_GROUPS_ONLY = ["groupByFunctionName", "groupByStatus"]
 
 
 def _require_grouping(body: WorkflowAggregatesBody | StepAggregatesBody, groups: list[str]) -> None:
