@@ -28,7 +28,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.support import Relay, free_port, relay_env, start_relay, stop_cleanly, wait_until
+from tests.support import Relay, free_port, running_relay, wait_until
 
 SUPERUSER = "relay"
 # Durability is not under test and an outage is a clean (fast) shutdown: skip the fsyncs, for speed.
@@ -157,9 +157,5 @@ def postgres_cluster() -> Iterator[PostgresCluster]:
 def relay_on_postgres(cluster: PostgresCluster, data_dir: Path, **overrides: str) -> Iterator[Relay]:
     """`relay dev` with its store in a new database of ``cluster`` (Temporal stays on its own SQLite in
     ``data_dir``), stopped by PID at the end; it must exit cleanly, whatever the database went through."""
-    env = relay_env(data_dir, RELAY_DATABASE_URL=cluster.create_database(), **overrides)
-    started = start_relay(data_dir, env)
-    try:
+    with running_relay(data_dir, RELAY_DATABASE_URL=cluster.create_database(), **overrides) as started:
         yield started
-    finally:
-        stop_cleanly(started)

@@ -196,10 +196,12 @@ def start_relay(data_dir: Path, env: dict[str, str], log: str = "relay.log") -> 
 
 
 @contextlib.contextmanager
-def running_relay(data_dir: Path, **overrides: str) -> Iterator[Relay]:
-    """`relay dev` on free ports and ``data_dir`` for the block (its environment with ``overrides``); stopped after
-    it, and it must exit cleanly."""
-    started = start_relay(data_dir, relay_env(data_dir, **overrides))
+def running_relay(data_dir: Path, env: dict[str, str] | None = None, /, *, log: str = "relay.log",
+                  **overrides: str) -> Iterator[Relay]:
+    """`relay dev` on ``data_dir`` for the block: on ``env`` (a ``relay_env`` kept for a restart on the same ports),
+    else on free ports, either with ``overrides``; its output in ``log``. Stopped after the block, and it must exit
+    cleanly."""
+    started = start_relay(data_dir, {**(relay_env(data_dir) if env is None else env), **overrides}, log)
     try:
         yield started
     finally:

@@ -40,8 +40,7 @@ from tests.support import (
     free_port,
     healthy_answer,
     relay_env,
-    start_relay,
-    stop_cleanly,
+    running_relay,
     wait_until,
     workflow_status,
 )
@@ -102,14 +101,9 @@ def receiver() -> Iterator[Receiver]:
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory, receiver: Receiver) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay-alerts")
-    started = start_relay(data_dir, relay_env(data_dir, RELAY_ALERT_INTERVAL_SECS="2",
-                                              RELAY_ALERT_WEBHOOK_URL=receiver.url,
-                                              RELAY_ALERT_WEBHOOK_SECRET=SECRET))
-    try:
+    with running_relay(tmp_path_factory.mktemp("relay-alerts"), RELAY_ALERT_INTERVAL_SECS="2",
+                       RELAY_ALERT_WEBHOOK_URL=receiver.url, RELAY_ALERT_WEBHOOK_SECRET=SECRET) as started:
         yield started
-    finally:
-        stop_cleanly(started)
 
 
 def _rule(relay: Relay, body: dict[str, Any], app: str = APP) -> str:
@@ -227,11 +221,8 @@ def relay_without_rounds(tmp_path_factory: pytest.TempPathFactory, receiver: Rec
     data_dir = tmp_path_factory.mktemp("relay-own-alerts")
     env = relay_env(data_dir, RELAY_ALERT_WEBHOOK_URL=receiver.url)
     assert int(env["RELAY_ALERT_INTERVAL_SECS"]) >= 86400
-    started = start_relay(data_dir, env)
-    try:
+    with running_relay(data_dir, env) as started:
         yield started
-    finally:
-        stop_cleanly(started)
 
 
 def _answer_alerts(request: dict[str, object]) -> dict[str, object] | str | None:

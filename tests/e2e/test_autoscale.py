@@ -18,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.sdk import SDKS, SystemDatabase
-from tests.support import Process, Relay, relay_env, start_relay, stop_cleanly, wait_until
+from tests.support import Process, Relay, running_relay, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
@@ -41,28 +41,28 @@ class Scaling:
 @pytest.fixture(scope="module")
 def scaling(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Scaling]:
     data_dir = tmp_path_factory.mktemp("relay-autoscale")
-    relay = start_relay(data_dir, relay_env(data_dir, RELAY_AUTOSCALE_INTERVAL_SECS="1"))
-    tmp = tmp_path_factory.mktemp("autoscale-executors")
-    gates = tmp / "gates"
-    gates.mkdir()
-    sys_db = PYTHON.system_database(tmp, None)
-    executors: list[Process] = []
-    try:
-        with relay.api() as api:
-            assert api.put(f"/v2/orgs/local/apps/{APP}").status_code == 204
-        # One at a time: two executors migrating a brand-new SQLite system database at once can crash one. v2 starts
-        # second, so its version is the latest (the newest version_timestamp).
-        for version, ids in (("v1", V1_WORKFLOWS), ("v2", V2_WORKFLOWS)):
-            executors.append(PYTHON.start(relay, tmp, f"executor-{version}", APP, sys_db, APP_VERSION=version,
-                                          GATE_DIR=str(gates), SCALED_QUEUE=f"{QUEUE}:{WORKER_CONCURRENCY}",
-                                          SCALED_WORKFLOWS=",".join(ids), PARTITIONED_QUEUE="parted"))
-            wait_until(partial(_all_healthy, relay, len(executors)), timeout=60, what=f"the {version} executor HEALTHY")
-            wait_until(partial(_started, sys_db, ids), timeout=30, what=f"{version}'s workflows")
-        yield Scaling(relay, sys_db, gates)
-    finally:
-        for process in executors:  # stopped by PID
-            process.stop()
-        stop_cleanly(relay)
+    with running_relay(data_dir, RELAY_AUTOSCALE_INTERVAL_SECS="1") as relay:
+        tmp = tmp_path_factory.mktemp("autoscale-executors")
+        gates = tmp / "gates"
+        gates.mkdir()
+        sys_db = PYTHON.system_database(tmp, None)
+        executors: list[Process] = []
+        try:
+            with relay.api() as api:
+                assert api.put(f"/v2/orgs/local/apps/{APP}").status_code == 204
+            # One at a time: two executors migrating a brand-new SQLite system database at once can crash one. v2
+            # starts second, so its version is the latest (the newest version_timestamp).
+            for version, ids in (("v1", V1_WORKFLOWS), ("v2", V2_WORKFLOWS)):
+                executors.append(PYTHON.start(relay, tmp, f"executor-{version}", APP, sys_db, APP_VERSION=version,
+                                              GATE_DIR=str(gates), SCALED_QUEUE=f"{QUEUE}:{WORKER_CONCURRENCY}",
+                                              SCALED_WORKFLOWS=",".join(ids), PARTITIONED_QUEUE="parted"))
+                wait_until(partial(_all_healthy, relay, len(executors)), timeout=60,
+                           what=f"the {version} executor HEALTHY")
+                wait_until(partial(_started, sys_db, ids), timeout=30, what=f"{version}'s workflows")
+            yield Scaling(relay, sys_db, gates)
+        finally:
+            for process in executors:  # stopped by PID
+                process.stop()
 
 
 def _all_healthy(relay: Relay, n: int) -> bool:

@@ -63,7 +63,7 @@ def test_register_and_update_in_human_durations_and_dbos_ctl_flags(relay: Relay)
             stored["gcRowsThreshold"]) == (90, 604_800_000, 43_200_000, 500)
 
     # Under an hour deletes (cancels) most workflows at the next round: asked for, and with no terminal refused
-    # unless --yes; under a second refused by the REST API, which reads the value back (issue 24).
+    # unless --yes; under a second refused by the REST API, which reads the value back.
     short = ["--executor-timeout-secs", "5", "--gc-time-threshold-ms", "1500", "--global-timeout-ms", "2500"]
     refused = relay_cli(relay, "apps", "update", app, *short, key=relay.key, rc=1).stderr
     assert "--gc-time-threshold 1s500ms is under 1h" in refused and "pass --yes" in refused

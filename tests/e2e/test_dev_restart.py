@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import play_executor, relay_env, start_relay, wait_until
+from tests.support import play_executor, relay_env, running_relay, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
@@ -20,8 +20,7 @@ def _children(pid: int) -> set[int]:
 
 def test_restart_resumes_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
     env = relay_env(tmp_path)
-    first = start_relay(tmp_path, env, "first.log")
-    try:
+    with running_relay(tmp_path, env, log="first.log") as first:
         [temporal_pid] = _children(first.process.pid)
         assert "temporal" in Path(f"/proc/{temporal_pid}/cmdline").read_text()
         with first.api() as client:
@@ -31,19 +30,14 @@ def test_restart_resumes_and_sigterm_leaves_nothing(tmp_path: Path) -> None:
             wait_until(lambda: first.executors("restart-app").get("ex-r") == "HEALTHY", timeout=10, what="HEALTHY")
         wait_until(lambda: first.executors("restart-app").get("ex-r") == "DISCONNECTED", timeout=2,
                    what="DISCONNECTED")
-    finally:
-        assert first.process.stop() == 0, first.process.output()[-2000:]
     assert not Path(f"/proc/{temporal_pid}").exists() or _is_zombie(temporal_pid), "temporal left behind"
 
-    second = start_relay(tmp_path, env, "second.log")
-    try:
+    with running_relay(tmp_path, env, log="second.log") as second:
         assert second.key == first.key
         # The grace timer started under the first run fires under the second: DEAD, then waiting for a peer.
         wait_until(lambda: second.executors("restart-app").get("ex-r") == "DEAD", timeout=20, what="DEAD")
         ops = [op for op, ex in second.audit("restart-app") if ex == "ex-r"]
         assert ops[:3] == ["executor.healthy", "executor.disconnected", "executor.dead"], ops
-    finally:
-        assert second.process.stop() == 0
     assert os.path.exists(tmp_path / "temporal.db")
 
 

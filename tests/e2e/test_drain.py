@@ -1,4 +1,4 @@
-"""Deploys without recoveries (issue 21): SIGTERM to a `relay gateway` holding executor sockets, behind a stand-in
+"""Deploys without recoveries: SIGTERM to a `relay gateway` holding executor sockets, behind a stand-in
 load balancer that sends new connections only to gateways whose ``/readyz`` answers 200. The gateway turns not-ready
 at once, refuses new upgrades (503, ``Retry-After``) but keeps its sockets for RELAY_SHUTDOWN_DRAIN_SECS, then
 closes them with 1012; its executors reconnect through the load balancer to the other gateway within their grace,

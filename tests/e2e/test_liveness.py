@@ -16,7 +16,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.rawclient import RawClient
-from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, start_relay, wait_until
+from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, running_relay, wait_until
 
 pytestmark = pytest.mark.e2e
 PING_WAIT = 2.0
@@ -29,18 +29,15 @@ def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     env = relay_env(data_dir, RELAY_EXECUTOR_PING_WAIT_SECS=str(PING_WAIT), RELAY_SERVER_PING_INTERVAL_SECS="0.5",
                     RELAY_HANDSHAKE_TIMEOUT_SECS="1", RELAY_MAX_MESSAGE_BYTES=str(64 * 1024),
                     RELAY_ALLOWED_ORIGINS="https://ops.example")
-    relay = start_relay(data_dir, env)
-    try:
+    with running_relay(data_dir, env) as relay:
         with relay.api() as client:
             for app in ("live-app", "sigstop-app"):
                 client.put(f"/v2/orgs/local/apps/{app}")
                 client.patch(f"/v2/orgs/local/apps/{app}", json={"executorTimeoutSecs": 60})
         yield relay
-    finally:
-        assert relay.process.stop() == 0
-        # Keys never reach the logs; the only place the dev key is printed is `relay dev`'s banner.
-        log = "\n".join(line for line in relay.process.output().splitlines() if "dev key:" not in line)
-        assert relay.key[5:] not in log
+    # Keys never reach the logs; the only place the dev key is printed is `relay dev`'s banner.
+    log = "\n".join(line for line in relay.process.output().splitlines() if "dev key:" not in line)
+    assert relay.key[5:] not in log
 
 
 def _url(relay: Relay, app: str = "live-app", key: str | None = None) -> str:

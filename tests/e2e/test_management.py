@@ -28,9 +28,7 @@ from tests.support import (
     free_port,
     healthy,
     healthy_answer,
-    relay_env,
-    start_relay,
-    stop_cleanly,
+    running_relay,
     wait_until,
 )
 
@@ -44,12 +42,9 @@ PYTHON = SDKS["python"]
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay-management")
-    started = start_relay(data_dir, relay_env(data_dir, RELAY_MANAGEMENT_TIMEOUT_SECS=str(TIMEOUT_SECS)))
-    try:
+    with running_relay(tmp_path_factory.mktemp("relay-management"),
+                       RELAY_MANAGEMENT_TIMEOUT_SECS=str(TIMEOUT_SECS)) as started:
         yield started
-    finally:
-        stop_cleanly(started)
 
 
 @pytest.fixture(scope="module")
@@ -301,7 +296,7 @@ def test_the_cli_lists_gets_and_cancels_through_a_real_executor(relay: Relay, ap
     missing = relay_cli(relay, "workflows", "get", "no-such", "--app", name, key=relay.key, rc=1)
     assert "no-such" in missing.stderr
     # An unknown id is "not found" whatever dbos 3.2.0 answers for it: success for a cancel, no steps, a traceback
-    # for a resume or a fork (issue 24).
+    # for a resume or a fork.
     for argv in (["cancel", "no-such"], ["steps", "no-such"], ["resume", "no-such"], ["fork", "no-such"]):
         refused = relay_cli(relay, "workflows", *argv, "--app", name, key=relay.key, rc=1)
         assert (refused.stdout, refused.stderr) == ("", "relay: workflow 'no-such' not found\n"), argv

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
-from tests.support import Process, Relay, dbos_executor, free_port, relay_env, start_relay, wait_until
+from tests.support import Process, Relay, dbos_executor, free_port, running_relay, wait_until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 APP = "metered-recovery"
@@ -27,12 +27,8 @@ def metered(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Relay, s
     """`relay dev` with both metrics listeners on free ports: (relay, Relay's metrics URL, the SDK's)."""
     data_dir = tmp_path_factory.mktemp("relay-metrics")
     port, sdk_port = free_port(), free_port()
-    relay = start_relay(data_dir, relay_env(data_dir, RELAY_METRICS_PORT=str(port),
-                                            RELAY_TEMPORAL_METRICS_PORT=str(sdk_port)))
-    try:
+    with running_relay(data_dir, RELAY_METRICS_PORT=str(port), RELAY_TEMPORAL_METRICS_PORT=str(sdk_port)) as relay:
         yield relay, f"http://127.0.0.1:{port}/metrics", f"http://127.0.0.1:{sdk_port}/metrics"
-    finally:
-        assert relay.process.stop() == 0, relay.process.output()[-3000:]
 
 
 def _scrape(url: str) -> tuple[str, Samples]:

@@ -22,9 +22,7 @@ from tests.support import (
     Relay,
     audit_rows_at,
     dbos_executor,
-    relay_env,
-    start_relay,
-    stop_cleanly,
+    running_relay,
     wait_until,
     workflow_status,
 )
@@ -37,13 +35,9 @@ WORKFLOW = "stranded-1"
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay-orphans")
-    started = start_relay(data_dir, relay_env(data_dir, RELAY_ORPHAN_SWEEP_INTERVAL_SECS="2",
-                                              RELAY_ORPHAN_MIN_AGE_SECS="2"))
-    try:
+    with running_relay(tmp_path_factory.mktemp("relay-orphans"), RELAY_ORPHAN_SWEEP_INTERVAL_SECS="2",
+                       RELAY_ORPHAN_MIN_AGE_SECS="2") as started:
         yield started
-    finally:
-        stop_cleanly(started)
 
 
 def _owner(sys_db: Path, workflow_id: str) -> str | None:

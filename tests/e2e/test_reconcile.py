@@ -20,7 +20,7 @@ from tests.support import (
     audit_rows,
     play_executor,
     relay_env,
-    start_relay,
+    running_relay,
     wait_recorded,
     wait_until,
 )
@@ -37,9 +37,8 @@ def _reconciled(data_dir: Path, app: str, executor_id: str) -> list[dict[str, ob
 
 def test_an_executor_stranded_by_a_lost_temporal_is_recovered_after_a_full_grace(tmp_path: Path) -> None:
     env = relay_env(tmp_path)
-    first = start_relay(tmp_path, env, "first.log")
     peer: RawPeer | None = None
-    try:
+    with running_relay(tmp_path, env, log="first.log") as first:
         with first.api() as client:
             client.put("/v2/orgs/local/apps/strand")
             assert client.patch("/v2/orgs/local/apps/strand",
@@ -51,44 +50,39 @@ def test_an_executor_stranded_by_a_lost_temporal_is_recovered_after_a_full_grace
             wait_recorded(first.temporal_address, "strand", "gone-1")
         wait_until(lambda: first.executors("strand").get("gone-1") == "DISCONNECTED", timeout=5,
                    what="DISCONNECTED")
-    finally:
-        assert first.process.stop() == 0, first.process.output()[-2000:]
     # Temporal's state is lost with its grace timer; Relay's own database is intact.
     for path in tmp_path.glob("temporal.db*"):
         path.unlink()
 
     restarted_at = time.monotonic()
-    second = start_relay(tmp_path, env, "second.log")
-    try:
-        dead_at = wait_until(lambda: second.executors("strand").get("gone-1") in ("DEAD", None), timeout=40,
-                             what="DEAD after the restart")
-        recovered_at = wait_until(lambda: "gone-1" not in second.executors("strand"), timeout=40,
-                                  what="recovered and deleted")
-        print(f"\nrestart → DEAD {dead_at - restarted_at:.2f} s, → recovered {recovered_at - restarted_at:.2f} s "
-              f"(grace {GRACE_SECS} s)")
-        assert dead_at - restarted_at >= GRACE_SECS  # a full grace from when Relay noticed, never less
-        found = _reconciled(tmp_path, "strand", "gone-1")
-        assert [f["found"] for f in found] == ["DISCONNECTED"], found
-        ops = [row.operation for row in audit_rows(tmp_path, "strand", "gone-1")]
-        assert ops[ops.index("executor.reconciled"):] == [
-            "executor.reconciled", "executor.disconnected", "executor.dead", "executor.recovery.dispatched",
-            "executor.recovery.succeeded", "executor.deleted"], ops
-        assert peer is not None
-        recoveries = peer.requests_of("recovery")
-        assert [r["executor_ids"] for r in recoveries] == [["gone-1"]], recoveries
-        # The live peer was never declared dead, whatever its row said after the restart.
-        assert "executor.dead" not in [row.operation for row in audit_rows(tmp_path, "strand", "peer-1")]
-        assert second.executors("strand").get("peer-1") == "HEALTHY"
-    finally:
-        if peer is not None:
-            peer.stop()
-        assert second.process.stop() == 0, second.process.output()[-2000:]
+    with running_relay(tmp_path, env, log="second.log") as second:
+        try:
+            dead_at = wait_until(lambda: second.executors("strand").get("gone-1") in ("DEAD", None), timeout=40,
+                                 what="DEAD after the restart")
+            recovered_at = wait_until(lambda: "gone-1" not in second.executors("strand"), timeout=40,
+                                      what="recovered and deleted")
+            print(f"\nrestart → DEAD {dead_at - restarted_at:.2f} s, → recovered {recovered_at - restarted_at:.2f} s "
+                  f"(grace {GRACE_SECS} s)")
+            assert dead_at - restarted_at >= GRACE_SECS  # a full grace from when Relay noticed, never less
+            found = _reconciled(tmp_path, "strand", "gone-1")
+            assert [f["found"] for f in found] == ["DISCONNECTED"], found
+            ops = [row.operation for row in audit_rows(tmp_path, "strand", "gone-1")]
+            assert ops[ops.index("executor.reconciled"):] == [
+                "executor.reconciled", "executor.disconnected", "executor.dead", "executor.recovery.dispatched",
+                "executor.recovery.succeeded", "executor.deleted"], ops
+            assert peer is not None
+            recoveries = peer.requests_of("recovery")
+            assert [r["executor_ids"] for r in recoveries] == [["gone-1"]], recoveries
+            # The live peer was never declared dead, whatever its row said after the restart.
+            assert "executor.dead" not in [row.operation for row in audit_rows(tmp_path, "strand", "peer-1")]
+            assert second.executors("strand").get("peer-1") == "HEALTHY"
+        finally:
+            if peer is not None:
+                peer.stop()
 
 
 def test_a_lifecycle_terminated_by_hand_is_started_again_and_keeps_its_executor(tmp_path: Path) -> None:
-    env = relay_env(tmp_path, RELAY_RECONCILE_INTERVAL_SECS="1")
-    relay = start_relay(tmp_path, env)
-    try:
+    with running_relay(tmp_path, RELAY_RECONCILE_INTERVAL_SECS="1") as relay:
         with relay.api() as client:
             client.put("/v2/orgs/local/apps/byhand")
             assert client.patch("/v2/orgs/local/apps/byhand",
@@ -113,5 +107,3 @@ def test_a_lifecycle_terminated_by_hand_is_started_again_and_keeps_its_executor(
                    what="DISCONNECTED after the close")
         ops = [row.operation for row in audit_rows(tmp_path, "byhand", "kept-1")]
         assert "executor.dead" not in ops and "executor.disconnected" in ops, ops
-    finally:
-        assert relay.process.stop() == 0, relay.process.output()[-2000:]

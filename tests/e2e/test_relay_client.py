@@ -37,10 +37,8 @@ from tests.support import (
     free_port,
     ready,
     registry,
-    relay_env,
+    running_relay,
     start_gateways,
-    start_relay,
-    stop_cleanly,
     wait_until,
 )
 
@@ -94,12 +92,8 @@ def _system_database(current: Sdk, tmp: Path, request: pytest.FixtureRequest) ->
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay-client")
-    started = start_relay(data_dir, relay_env(data_dir))
-    try:
+    with running_relay(tmp_path_factory.mktemp("relay-client")) as started:
         yield started
-    finally:
-        stop_cleanly(started)
 
 
 @pytest.fixture(scope="module")

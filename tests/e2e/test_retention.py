@@ -32,8 +32,7 @@ from tests.support import (
     audit_rows_at,
     play_executor,
     relay_env,
-    start_relay,
-    stop_cleanly,
+    running_relay,
     wait_until,
 )
 from workflows.contracts.retention import (
@@ -77,8 +76,7 @@ def rr(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory)
                 "RELAY_RECOVERY_TIMEOUT_SECS": str(REPLY_TIMEOUT_SECS)}
     with ExitStack() as stack:
         if request.param == "sqlite":
-            relay = start_relay(data_dir, relay_env(data_dir, **settings))
-            stack.callback(stop_cleanly, relay)
+            relay = stack.enter_context(running_relay(data_dir, **settings))
         else:
             relay = stack.enter_context(relay_on_postgres(stack.enter_context(postgres_cluster()), data_dir,
                                                           **settings))
@@ -294,8 +292,7 @@ async def _unpause(client: Client) -> None:
 def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_path: Path) -> None:
     env = relay_env(tmp_path, RELAY_RETENTION_INTERVAL_SECS="3600")
     temporal = f"127.0.0.1:{env['RELAY_TEMPORAL_PORT']}"
-    first = start_relay(tmp_path, env, "first.log")
-    try:
+    with running_relay(tmp_path, env, log="first.log") as first:
         rr = RetentionRelay(first, temporal)
         wait_until(lambda: rr.run(schedule_exists), timeout=15, what="the retention schedule")
         ids, description = rr.run(_describe)
@@ -307,11 +304,8 @@ def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_p
         assert schedule.action.workflow == "RetentionWorkflow"
         # An operator pauses it: a restart must not undo that.
         rr.run(lambda client: client.get_schedule_handle(RETENTION_SCHEDULE_ID).pause(note="paused"))
-    finally:
-        assert first.process.stop() == 0, first.process.output()[-2000:]
 
-    second = start_relay(tmp_path, {**env, "RELAY_RETENTION_INTERVAL_SECS": "1"}, "second.log")
-    try:
+    with running_relay(tmp_path, env, log="second.log", RELAY_RETENTION_INTERVAL_SECS="1") as second:
         rr = RetentionRelay(second, temporal)
 
         def reconciled() -> bool:
@@ -330,5 +324,3 @@ def test_the_schedule_exists_once_across_restarts_and_follows_the_interval(tmp_p
         rr.run(_unpause)
         wait_until(lambda: rr.run(_describe)[1].info.num_actions >= actions + 2, timeout=10, interval=0.2,
                    what="two scheduled rounds")
-    finally:
-        assert second.process.stop() == 0, second.process.output()[-2000:]

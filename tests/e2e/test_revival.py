@@ -1,4 +1,4 @@
-"""An executor that comes back while its recovery waits is not recovered (issue 19, first part).
+"""An executor that comes back while its recovery waits is not recovered.
 
 A red team froze gateway A (SIGSTOP) with executor x1 on it, had a load balancer keep x1 away until it was DEAD,
 then let it reconnect through gateway B while Relay was on its recovery path: the recovery request went out anyway
@@ -139,7 +139,7 @@ def _rules_broken(observed: Observed, revived: str, *, timeout: float) -> str | 
 def _pause(gateway: Gateway, app: str) -> None:
     with gateway.relay.api() as api:
         response = api.put(f"{ORG_APPS}/{app}/recovery-pause",
-                           json={"expiresInSecs": 600, "reason": "issue 19: hold x1's recovery"})
+                           json={"expiresInSecs": 600, "reason": "hold x1's recovery while it comes back"})
     assert response.status_code == 200, response.text
 
 

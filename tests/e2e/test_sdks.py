@@ -26,7 +26,7 @@ from tests.bench.common import Generator
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.retention import app_result, pause_schedule, trigger_round
 from tests.sdk import SDKS, Sdk, SystemDatabase, steps_by_pid
-from tests.support import Process, Relay, audit_rows_at, relay_env, start_relay, stop_cleanly, wait_recorded, wait_until
+from tests.support import Process, Relay, audit_rows_at, running_relay, wait_recorded, wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -54,14 +54,10 @@ def cluster() -> Iterator[PostgresCluster]:
 def fast(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
     """`relay dev` with short liveness timings; retention rounds only when a test triggers one."""
     data_dir = tmp_path_factory.mktemp("sdk-relay")
-    env = relay_env(data_dir, RELAY_EXECUTOR_PING_WAIT_SECS=str(PING_WAIT), RELAY_SERVER_PING_INTERVAL_SECS="0.5",
-                    RELAY_RETENTION_GC_BATCH_SIZE=str(GC_BATCH_SIZE))
-    relay = start_relay(data_dir, env)
-    try:
+    with running_relay(data_dir, RELAY_EXECUTOR_PING_WAIT_SECS=str(PING_WAIT), RELAY_SERVER_PING_INTERVAL_SECS="0.5",
+                       RELAY_RETENTION_GC_BATCH_SIZE=str(GC_BATCH_SIZE)) as relay:
         pause_schedule(relay.temporal_address)
         yield relay
-    finally:
-        stop_cleanly(relay)
 
 
 def _system_database(sdk: Sdk, tmp: Path, request: pytest.FixtureRequest) -> SystemDatabase:
@@ -261,45 +257,44 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
     chosen = [SDKS[name] for name in (request.config.getoption("sdk") or list(SDKS))]
     hold = SDK_PING_EVERY + max(sdk.pong_timeout for sdk in chosen)
     data_dir = tmp_path_factory.mktemp("storm-relay")
-    relay = start_relay(data_dir, relay_env(data_dir))
-    started: list[Process] = []
-    generator = Generator("storm-loadgen", data_dir)
-    try:
-        with _stopped_at_end(started):
-            held: dict[str, str] = {}  # executor id -> its SDK
-            for sdk in chosen:
-                app, tmp = f"held-{sdk.name}", data_dir / sdk.name
-                tmp.mkdir()
-                _configure(relay, app, executorTimeoutSecs=60)
-                started.append(sdk.start(relay, tmp, "executor", app, _system_database(sdk, tmp, request)))
-                wait_until(lambda: list(relay.executors(app).values()) == ["HEALTHY"], timeout=60,  # noqa: B023
-                           what=f"{sdk.name} HEALTHY")
-                [executor_id] = relay.executors(app)
-                held[executor_id] = sdk.name
-            _configure(relay, STORM_APP, executorTimeoutSecs=3600)
-
-            began, waves, connected = time.monotonic(), 0, 0
-            while time.monotonic() - began < hold.total_seconds() or waves < STORM_WAVES:
-                reply = generator.call("connect", url=f"{relay.ws_url}websocket/{STORM_APP}/{relay.key}",
-                                       prefix=f"storm-{waves % 4}-", start=0, count=STORM_WAVE, timeout=60)
-                connected += reply["connected"]
-                generator.call("close", prefix=f"storm-{waves % 4}-", start=0, count=STORM_WAVE, mode="abort")
-                waves += 1
+    with running_relay(data_dir) as relay:
+        started: list[Process] = []
+        generator = Generator("storm-loadgen", data_dir)
+        try:
+            with _stopped_at_end(started):
+                held: dict[str, str] = {}  # executor id -> its SDK
                 for sdk in chosen:
-                    statuses = relay.executors(f"held-{sdk.name}")
-                    assert list(statuses.values()) == ["HEALTHY"], (sdk.name, statuses)
-            elapsed = time.monotonic() - began
+                    app, tmp = f"held-{sdk.name}", data_dir / sdk.name
+                    tmp.mkdir()
+                    _configure(relay, app, executorTimeoutSecs=60)
+                    started.append(sdk.start(relay, tmp, "executor", app, _system_database(sdk, tmp, request)))
+                    wait_until(lambda: list(relay.executors(app).values()) == ["HEALTHY"], timeout=60,  # noqa: B023
+                               what=f"{sdk.name} HEALTHY")
+                    [executor_id] = relay.executors(app)
+                    held[executor_id] = sdk.name
+                _configure(relay, STORM_APP, executorTimeoutSecs=3600)
 
-            for executor_id, name in held.items():
-                assert _operations(relay, f"held-{name}", executor_id) == ["executor.healthy"], name
-            for process in started:
-                assert process.popen.poll() is None, process.output()[-2000:]
-            assert connected >= 0.9 * waves * STORM_WAVE, (connected, waves)  # the handshakes went through
-            print(f"\nconnect storm: {connected} handshakes in {elapsed:.0f}s ({connected / elapsed:.0f}/s); "
-                  f"held: {sorted(held.values())} for {hold.total_seconds():.0f}s")
-    finally:
-        generator.stop()
-        stop_cleanly(relay)
+                began, waves, connected = time.monotonic(), 0, 0
+                while time.monotonic() - began < hold.total_seconds() or waves < STORM_WAVES:
+                    reply = generator.call("connect", url=f"{relay.ws_url}websocket/{STORM_APP}/{relay.key}",
+                                           prefix=f"storm-{waves % 4}-", start=0, count=STORM_WAVE, timeout=60)
+                    connected += reply["connected"]
+                    generator.call("close", prefix=f"storm-{waves % 4}-", start=0, count=STORM_WAVE, mode="abort")
+                    waves += 1
+                    for sdk in chosen:
+                        statuses = relay.executors(f"held-{sdk.name}")
+                        assert list(statuses.values()) == ["HEALTHY"], (sdk.name, statuses)
+                elapsed = time.monotonic() - began
+
+                for executor_id, name in held.items():
+                    assert _operations(relay, f"held-{name}", executor_id) == ["executor.healthy"], name
+                for process in started:
+                    assert process.popen.poll() is None, process.output()[-2000:]
+                assert connected >= 0.9 * waves * STORM_WAVE, (connected, waves)  # the handshakes went through
+                print(f"\nconnect storm: {connected} handshakes in {elapsed:.0f}s ({connected / elapsed:.0f}/s); "
+                      f"held: {sorted(held.values())} for {hold.total_seconds():.0f}s")
+        finally:
+            generator.stop()
 
 
 

@@ -27,9 +27,7 @@ from tests.support import (
     Relay,
     audit_rows_at,
     registry_at,
-    relay_env,
-    start_relay,
-    stop_cleanly,
+    running_relay,
     wait_recorded,
     wait_until,
 )
@@ -43,15 +41,11 @@ PYTHON = SDKS["python"]
 
 @pytest.fixture(scope="module")
 def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Relay]:
-    data_dir = tmp_path_factory.mktemp("relay-storm")
-    env = relay_env(data_dir, RELAY_RECOVERY_PACE_SECS=str(PACE), RELAY_RECOVERY_STORM_WINDOW_SECS="30",
-                    RELAY_RECOVERY_STORM_SHARE="0.5", RELAY_RECOVERY_STORM_MIN_EXECUTORS="3",
-                    RELAY_RECOVERY_PAUSE_RECHECK_SECS=str(RECHECK))
-    started = start_relay(data_dir, env)
-    try:
+    with running_relay(tmp_path_factory.mktemp("relay-storm"), RELAY_RECOVERY_PACE_SECS=str(PACE),
+                       RELAY_RECOVERY_STORM_WINDOW_SECS="30", RELAY_RECOVERY_STORM_SHARE="0.5",
+                       RELAY_RECOVERY_STORM_MIN_EXECUTORS="3",
+                       RELAY_RECOVERY_PAUSE_RECHECK_SECS=str(RECHECK)) as started:
         yield started
-    finally:
-        stop_cleanly(started)
 
 
 def _register(relay: Relay, app: str, *, grace_secs: int) -> None:
@@ -120,7 +114,7 @@ def test_a_storm_is_paced_spread_alerted_once_and_fully_recovered(relay: Relay, 
 
 
 def test_a_third_dying_together_is_no_storm_and_nobody_waits(relay: Relay) -> None:
-    """Issue 19: under the storm share nothing is held, however far apart the clocks of the dead executors'
+    """Under the storm share nothing is held, however far apart the clocks of the dead executors'
     workflows are when they ask the gate. 9 of 27 close at once: all recovered a moment after their grace."""
     app = "a-third"
     grace = 3
