@@ -117,7 +117,8 @@ class ContextlessSandboxRunner(SandboxedWorkflowRunner):
 
 # Modules the workflow sandbox shares with the worker instead of importing them anew for every workflow run.
 PASSED_THROUGH = ("pydantic", "core.types", "workflows.contracts", "workflows.timing", "workflows.fence",
-                  "workflows.lifecycle_base", "workflows.recovery", "workflows.lifecycle")
+                  "workflows.lifecycle_generations", "workflows.lifecycle_base", "workflows.recovery",
+                  "workflows.lifecycle")
 
 
 def workflow_runner(converter: DataConverter) -> SandboxedWorkflowRunner:

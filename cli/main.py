@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from cli import admin as admin_cli
 from cli import alerts as alerts_cli
 from cli import migrate as migrate_cli
+from cli import patches as patches_cli
 from cli import safety as safety_cli
 from cli import temporal_setup as temporal_setup_cli
 from cli import workflows as workflows_cli
@@ -85,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
     alerts_cli.add_commands(sub)
     temporal_setup_cli.add_commands(sub)
     migrate_cli.add_commands(sub)
+    patches_cli.add_commands(sub)
     return p
 
 

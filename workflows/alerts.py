@@ -18,8 +18,8 @@ The Temporal Schedule ``relay-alerts`` (created by the worker at start-up) start
 
 Relay's own alerts (audit rows such as ``executor.recovery.blocked``) go out as they happen: the code that writes
 the row starts an ``OwnAlertWorkflow`` (below) for it, whose id derives from the row, so a second start of it is
-refused. Since ``OWN_AT_ONCE_PATCH`` the round no longer sends them (rounds before it grouped them per app and
-operation and sent them to the app itself): it starts the delivery of any row it reads whose delivery nobody
+refused. The round does not send them (``OWN_AT_ONCE_PATCH``; rounds before it grouped them per app and operation
+and sent them to the app itself): it starts the delivery of any row it reads whose delivery nobody
 started (the writer's start failed, or the row predates this code), and moves the audit watermark to where it read
 up to. The watermarks (per rule and for the audit log) live in the database, as schedules start a fresh run each
 time.
@@ -65,7 +65,6 @@ with workflow.unsafe.imports_passed_through():
         OwnAlertEvent,
         OwnAlertInput,
         OwnAlertResult,
-        OwnEvents,
         RuleState,
         SendAlertWebhookInput,
         WriteAlertAuditInput,
@@ -87,8 +86,10 @@ EVALUATE_ATTEMPTS = 5
 # Starting a delivery nobody started: a few tries; if one still fails, the watermark stays where it was, so the next
 # round reads the row again (the deliveries this round did start are not started twice: their ids are taken).
 START_ATTEMPTS = 5
-# From this patch on, a round does not send Relay's own alerts (their writers start an OwnAlertWorkflow each as the
-# row is written); it starts the delivery of those nobody started, and still moves the audit watermark.
+# A deprecated patch (docs/pages/contributing/patch-policy.md): a round does not send Relay's own alerts (their
+# writers start an OwnAlertWorkflow each as the row is written); it starts the delivery of those nobody started, and
+# still moves the audit watermark. Rounds before it sent them grouped (``AlertRound.own``): that branch is gone, and
+# ``workflow.deprecate_patch`` keeps a round that wrote the marker replaying while a new round writes it deprecated.
 OWN_AT_ONCE_PATCH = "own-alerts-at-once"
 
 
@@ -108,9 +109,8 @@ class AlertsWorkflow:
         batch = await workflow.execute_activity(
             load_alert_round, LoadAlertRoundInput(now=self._now, lookback=input.interval),
             start_to_close_timeout=DB_ACTIVITY_TIMEOUT)
-        at_once = workflow.patched(OWN_AT_ONCE_PATCH)
-        own = [self._start_own(event) for event in batch.own_events] if at_once else \
-            [self._own(events) for events in batch.own]
+        workflow.deprecate_patch(OWN_AT_ONCE_PATCH)
+        own = [self._start_own(event) for event in batch.own_events]
         done = await asyncio.gather(*(self._rule(rule) for rule in batch.rules), *own)
         # A delivery that could not be started (False) keeps the watermark back: the next round reads its row again.
         if batch.audit_until is not None and False not in done:
@@ -166,13 +166,6 @@ class AlertsWorkflow:
         if started:
             self._result.own_started.append(event.event_key)
         return True
-
-    async def _own(self, events: OwnEvents) -> None:
-        """Before ``OWN_AT_ONCE_PATCH``: one alert per app and operation read this round, sent by the round."""
-        alert = Alert(str(workflow.uuid4()), events.org, events.app, events.app, events.kind, events.message,
-                      self._now)
-        self._result.fired.append(f"own:{events.kind}:{events.org}/{events.app}")
-        await self._delivery.deliver(alert)
 
     async def _ask(self, org: str, app: str, kind: str, fields: dict[str, Any]) -> dict[str, Any] | str:
         return await ask_executor(org, app, kind, fields, reply_timeout=self._input.reply_timeout,

@@ -33,9 +33,12 @@ with workflow.unsafe.imports_passed_through():
         hold_gateway,
     )
 
-# From this patch on, a hold that fails is confirmed with a probe before the gateway's executors are disconnected.
+# Deprecated patches (docs/pages/contributing/patch-policy.md): their old branches are gone, and
+# ``workflow.deprecate_patch`` keeps the runs that wrote their markers replaying while a new run writes them
+# deprecated, which a release without the calls skips. A hold that fails is confirmed with a probe before the
+# gateway's executors are disconnected (``CONFIRM_PATCH``); a gateway already known gone (``core.gateways``) is not
+# probed, as the probe could only time out (``KNOWN_GONE_PATCH``).
 CONFIRM_PATCH = "confirm-gateway-gone"
-# From this patch on, a gateway already known gone (``core.gateways``) is not probed: the probe could only time out.
 KNOWN_GONE_PATCH = "known-gone-gateways"
 
 
@@ -56,7 +59,8 @@ class GatewayWorkflow:
                 summary=f"hold {input.gateway_queue}",
             )
         except ActivityError as err:
-            if workflow.patched(CONFIRM_PATCH) and not await self._known_gone(input) and await fence.probe(
+            workflow.deprecate_patch(CONFIRM_PATCH)
+            if not await self._known_gone(input) and await fence.probe(
                     input.gateway_queue, ProbeGatewayInput(), timeout=input.heartbeat_timeout) is not None:
                 workflow.continue_as_new(input)  # alive after all (Temporal was away, say): hold again
             reason = f"gateway gone: {err.cause or err}"
@@ -71,8 +75,7 @@ class GatewayWorkflow:
     @staticmethod
     async def _known_gone(input: GatewayInput) -> bool:
         """A gateway that retired (SIGTERM) or was succeeded by a restart is known gone: no probe to wait out."""
-        if not workflow.patched(KNOWN_GONE_PATCH):
-            return False
+        workflow.deprecate_patch(KNOWN_GONE_PATCH)
         reply = await workflow.execute_activity(
             gateway_gone, GatewayGoneInput(input.gateway_queue), start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
             retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=5)), summary="known gone?")

@@ -16,15 +16,8 @@ from datetime import timedelta
 
 from temporalio import workflow
 
-from workflows.lifecycle_base import (
-    FENCE_PATCH,
-    GENERATION_1_PATCH,
-    GENERATION_2_PATCH,
-    GENERATION_3_PATCH,
-    GENERATION_4_PATCH,
-    GRACE_IN_ONE_WRITE_PATCH,
-    Removed,
-)
+from workflows.lifecycle_base import Removed
+from workflows.lifecycle_generations import GENERATION_3_PATCH, GENERATION_4_PATCH
 from workflows.recovery import RecoverySteps
 
 with workflow.unsafe.imports_passed_through():
@@ -71,8 +64,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
-        # Set first thing in run().
-        self._generation_1 = self._generation_2 = self._generation_3 = self._generation_4 = False
+        self._generation_4 = False  # set first thing in run()
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -125,11 +117,13 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        # A new run writes generation 4's marker only; a run started before it replays an older one's (or none).
+        # A new run writes generation 4's marker only. A run started on generation 3's code replays that one's:
+        # asked for here so that its marker meets a call (Core fails a recorded marker that no call asks for), its
+        # answer needed by nothing, every branch generation 3 stands for being the only one left. Older runs are
+        # not replayed (workflows/lifecycle_generations.py).
         self._generation_4 = workflow.patched(GENERATION_4_PATCH)
-        self._generation_3 = self._generation_4 or workflow.patched(GENERATION_3_PATCH)
-        self._generation_2 = self._generation_3 or workflow.patched(GENERATION_2_PATCH)
-        self._generation_1 = self._generation_2 or workflow.patched(GENERATION_1_PATCH)
+        if not self._generation_4:
+            workflow.patched(GENERATION_3_PATCH)
         try:
             if input.orphan is not None and input.state is None:
                 # Started by the orphan sweep (a first run only: a continued run carries its state). With
@@ -156,7 +150,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
                     self._state.unrecorded = None
                     await self._record_healthy(target)
                 elif await self._grace_expired():
-                    if self._patched(FENCE_PATCH) and not await self._confirm_gone():
+                    if not await self._confirm_gone():
                         continue
                     result = await self._recover_and_finish(await self._declare_dead())
                     if result is not None:
@@ -287,9 +281,13 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
             state.unrecorded = None
 
     async def _begin_grace(self) -> GraceStart:
-        """Record DISCONNECTED with the app's grace in one local activity (``GRACE_IN_ONE_WRITE_PATCH``), under the
-        key its signal names, or found written there by the gateway; when the grace began (the row's time) and how
-        long it is."""
+        """Record DISCONNECTED with the app's grace in one local activity, under the key its signal names, or found
+        written there by the gateway; when the grace began (the row's time) and how long it is.
+
+        One write, not two (the grace read, then the row): the gateway that saw the socket close writes the same row
+        under the same key as it signals (``Store.record_disconnect``), so the registry says DISCONNECTED without
+        waiting for this workflow's task, and the row lands once. The grace runs from that row's time: the close,
+        as the gateway saw it (the fence still gives back any time its gateway was out of contact with Temporal)."""
         state, i = self._state, self._input
         signal_id, state.disconnect_signal_id = state.disconnect_signal_id, ""
         operation = "executor.disconnected"
@@ -307,36 +305,17 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         self._recorded(ExecutorStatus.DISCONNECTED)
         return begun
 
-    async def _begin_grace_in_two_writes(self) -> GraceStart:
-        """A grace begun before ``GRACE_IN_ONE_WRITE_PATCH``: the app's grace read, then DISCONNECTED recorded."""
-        state = self._state
-        grace = await self._db(get_executor_timeout, GetExecutorTimeoutInput(self._input.org, self._input.app))
-        if grace is None:  # the app was deleted (a late `connected` started this run): nothing to recover
-            self._removed = self._removed or RemovedSignal(signal_id="", reason="app no longer exists")
-            raise Removed()
-        recorded_at = await self._record(
-            ExecutorStatus.DISCONNECTED,
-            "executor.disconnected",
-            details={"connection_id": state.recorded_connection_id},
-            durations={"executorTimeoutSecs": grace},
-        )
-        # The grace runs from the DISCONNECTED row, as audited: in a burst its write can trail this workflow
-        # task by a good part of a second, and DEAD never comes sooner than that row's time plus the grace.
-        began = workflow.now() if recorded_at is None else max(workflow.now(), recorded_at)
-        return GraceStart(began, grace)
-
     async def _grace_expired(self) -> bool:
-        """Record DISCONNECTED (once) and wait out the app's grace, but for the fence's lead (``FENCE_AHEAD_PATCH``);
-        True when no reconnect came in time."""
+        """Record DISCONNECTED (once) and wait out the app's grace, but for the fence's lead (``_fence_lead``); True
+        when no reconnect came in time."""
         state = self._state
         if state.status != ExecutorStatus.DISCONNECTED or state.grace_deadline is None:
-            begun = await (self._begin_grace() if self._patched(GRACE_IN_ONE_WRITE_PATCH)
-                           else self._begin_grace_in_two_writes())
+            begun = await self._begin_grace()
             state.grace_deadline = begun.at + begun.grace
             state.grace = begun.grace
             self._describe("")
         ahead = self._fence_lead()  # the fence's probe goes out that long before the grace's end
-        remaining = state.grace_deadline - ahead - workflow.now()
+        remaining = self._grace_left() - ahead
         if remaining <= timedelta(0):
             return True
         try:

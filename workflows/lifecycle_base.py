@@ -52,48 +52,11 @@ class Abandoned(Exception):
 
 # Continue-as-new after this many signals even if the server has not suggested it yet.
 SIGNAL_BUDGET = 1000
-# From this patch on, database activities run as local activities: in the worker running the workflow, one trip
-# to the database and no round trip through a task queue, so recording HEALTHY costs one workflow task instead
-# of three server round trips (the connect-storm benchmark, P3). Histories recorded before it replay unchanged.
-LOCAL_DB_PATCH = "local-db-activities"
 # Database activities retry without limit (every write lands once by its event key, so a retry never doubles a
 # row), at most this far apart: with Temporal's default (doubling up to 100 s) a 60 s database outage could leave
 # a workflow idle for another minute after the database came back. Only the interval is set here: it is not
 # part of the history, so histories replay unchanged.
 DB_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5))
-# From this patch on, nothing is declared DEAD, nor recovered, while the gateway that last held the executor
-# still holds a live socket for it: that gateway is asked (the fence's probe, on its own task queue) before DEAD
-# and again before every recovery request. A missed heartbeat or a late timer means "no news": Temporal itself
-# may have been away. Only a gateway that does not pick the probe up in time counts as gone.
-FENCE_PATCH = "fence-probe"
-# From this patch on, a recovery's first request waits for the app's recovery gate (``core.gate``: an operator's
-# pause, the recovery-storm breaker's pacing), asked through a local activity; told to wait, the workflow waits on
-# a timer (durable, shown in the UI) and asks again. The gate holds its state in the database, so the workflows of
-# many dead executors are paced together.
-GATE_PATCH = "recovery-gate"
-# From this patch on, the fence looks again right before a recovery request: a `connected` from a newer connection
-# that lands while the workflow waits on anything (a probe, the gate, a backoff, a candidate's answer, an audit
-# write) calls the recovery off. The request is scheduled in the same workflow task as that last look, and the
-# `executor.recovery.dispatched` row is written while it is out; a probe's "gone" no longer hides a `connected`
-# that landed while it was waited for, nor overwrites it.
-REVIVAL_PATCH = "look-again-before-request"
-# From this patch on, a gateway known gone (``core.gateways``: its watch found it gone, it retired, or a successor
-# started under its identity) is not probed: it holds no socket, and the probe could only time out.
-KNOWN_GONE_PATCH = "known-gone-gateways"
-# From this patch on, a run asks ``workflow.patched`` once, for this, instead of once for each of the patches above
-# (``PATCHES_IN_GENERATION_1``): each first call in a new run writes a marker and upserts ``TemporalChangeVersion``
-# (a visibility write), four of each between the grace's end and DEAD, for an answer that is always "patched" in a
-# new run. A run with this marker has them all; one without (started before it) asks for each as it did, so its
-# history replays unchanged. A later patch is asked for itself until a next generation lists it.
-GENERATION_1_PATCH = "lifecycle-generation-1"
-PATCHES_IN_GENERATION_1 = frozenset({LOCAL_DB_PATCH, FENCE_PATCH, GATE_PATCH, REVIVAL_PATCH, KNOWN_GONE_PATCH})
-# From this patch on, Relay's own alerts about a recovery go out as they happen: right after the
-# `executor.recovery.blocked` row (once per blocked stretch, across continue-as-new), the workflow starts its
-# delivery (``start_own_alert``); when the recovery goes ahead (or is called off, the executor back), it writes
-# `executor.recovery.unblocked` and starts that alert too (RecoveryUnblocked); and when its admission at the gate
-# tripped the storm breaker (the gate wrote that row), the RecoveryBreaker alert. Asked only on those paths: not in
-# generation 1.
-OWN_ALERTS_PATCH = "own-alerts-at-once"
 # Starting an alert's delivery is a local activity calling the client's start_workflow, not a child workflow: one
 # marker in this history instead of the child's initiated/started/completed events, which would also wake this
 # long-lived workflow when the delivery ends; and the start's id conflict ("already started": delivered) is the
@@ -101,27 +64,15 @@ OWN_ALERTS_PATCH = "own-alerts-at-once"
 # an alert, and the alerts round starts any delivery nobody started.
 OWN_ALERT_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=5),
                               maximum_attempts=3)
-# From this patch on, the fence before DEAD is asked ahead of the grace's end (``timing.FENCE_LEAD``): the gateway
-# holds its answer until the grace ends (``ProbeGatewayInput.answer_at``), answering at once if the executor's socket
-# appears first, and a `connected` that lands meanwhile ends the wait. The probe's round trip (a workflow task, the
-# gateway's pick-up, another workflow task) then runs inside the grace instead of after it: in a burst of deaths that
-# round trip was most of DEAD's lateness. A gateway gone, or one that answered at once (older code), still has the
-# grace waited out; the latter is asked again then.
-FENCE_AHEAD_PATCH = "fence-ahead-of-grace-end"
-# From this patch on, a new run asks ``workflow.patched`` for this only: it has every patch of generation 1, and
-# the two after it (``PATCHES_IN_GENERATION_2``). A run with only generation 1's marker asks for those two itself.
-GENERATION_2_PATCH = "lifecycle-generation-2"
-PATCHES_IN_GENERATION_2 = PATCHES_IN_GENERATION_1 | {OWN_ALERTS_PATCH, FENCE_AHEAD_PATCH}
-# From this patch on, a grace begins with one local activity, ``begin_grace``: it reads the app's grace and writes
-# DISCONNECTED in one transaction (two local activities before, each a round through the worker), under the event key
-# the ``disconnected`` signal names (``disconnect_event_key``). The gateway that saw the socket close writes the same
-# row under the same key as it signals (``Store.record_disconnect``), so the registry says DISCONNECTED without
-# waiting for this workflow's task, and the row lands once. The grace runs from that row's time: the close, as the
-# gateway saw it (the fence still gives back any time its gateway was out of contact with Temporal).
-GRACE_IN_ONE_WRITE_PATCH = "grace-in-one-write"
-# From this patch on, a new run asks ``workflow.patched`` for this only: generation 2's patches and the one after.
-GENERATION_3_PATCH = "lifecycle-generation-3"
-PATCHES_IN_GENERATION_3 = PATCHES_IN_GENERATION_2 | {GRACE_IN_ONE_WRITE_PATCH}
+
+# -- patches (docs/pages/contributing/patch-policy.md) -----------------------------------------------------------
+# A new run asks ``workflow.patched`` once, for its generation's marker (``workflows.lifecycle_generations``),
+# which stands for every patch listed with it: each first call in a new run writes a marker and upserts
+# ``TemporalChangeVersion`` (a visibility write). A run started on generation 3's code replays that marker and asks
+# for the patches after it one by one, as it did. Generations 0 to 2 (and the branches only they took: remote
+# database activities, no fence, no gate, no look again before a request, known-gone gateways probed, no own
+# alerts, the fence asked after the grace, DISCONNECTED in two writes) are not replayed any more.
+#
 # From this patch on, DEAD is recorded with one local activity, ``declare_dead``, that goes on to the recovery's first
 # steps: the gate's answer, and if it admits, a peer claimed, and if one is, whether the dead executor's gateway is
 # known gone (the last look's probe skips a gone one). Before it these were four local activities in a row, each a
@@ -133,9 +84,8 @@ DEAD_IN_ONE_STEP_PATCH = "dead-and-first-steps-in-one"
 # again: an executor that reconnects while HEALTHY (its gateway lost, its socket superseded) and a new run's first
 # HEALTHY (the gateway starts it with the attribute set) each cost one Temporal action less.
 UNCHANGED_STATUS_PATCH = "unchanged-status-not-upserted"
-# From this patch on, a new run asks ``workflow.patched`` for this only: generation 3's patches and the one after.
-GENERATION_4_PATCH = "lifecycle-generation-4"
-PATCHES_IN_GENERATION_4 = PATCHES_IN_GENERATION_3 | {DEAD_IN_ONE_STEP_PATCH, UNCHANGED_STATUS_PATCH}
+# Generation 4: generation 3 and the two patches above.
+PATCHES_IN_GENERATION_4 = frozenset({DEAD_IN_ONE_STEP_PATCH, UNCHANGED_STATUS_PATCH})
 
 
 class LifecycleBase:
@@ -146,10 +96,7 @@ class LifecycleBase:
     _signals_this_run: int
     _removed: RemovedSignal | None
     _peer_hint: bool
-    _generation_1: bool
-    _generation_2: bool
-    _generation_3: bool
-    _generation_4: bool
+    _generation_4: bool  # the run has generation 4's marker; without it, generation 3's (the oldest replayed)
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -247,10 +194,10 @@ class LifecycleBase:
         return key
 
     async def _unblocked(self, outcome: str, *, candidate: str | None = None) -> None:
-        """The end of a blocked stretch whose RecoveryBlocked alert went out (``blocked_since``, set only since
-        ``OWN_ALERTS_PATCH``): audited, and its RecoveryUnblocked alert started. Nothing otherwise."""
+        """The end of a blocked stretch whose RecoveryBlocked alert went out (``blocked_since``): audited, and its
+        RecoveryUnblocked alert started. Nothing otherwise."""
         since = self._state.blocked_since
-        if since is None or not self._patched(OWN_ALERTS_PATCH):
+        if since is None:
             return
         self._state.blocked_since = None
         details: dict[str, object] = {"reason": outcome, "blocked_since": since.isoformat()}
@@ -276,20 +223,15 @@ class LifecycleBase:
             workflow.logger.warning("%s alert not started (the alerts round starts it): %s", operation, cause)
 
     async def _db(self, activity: Callable[[A], Awaitable[T]], arg: A) -> T:
-        """A database activity (registry, audit, candidate selection): local since ``LOCAL_DB_PATCH``."""
-        if self._patched(LOCAL_DB_PATCH):
-            return await workflow.execute_local_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
-                                                         retry_policy=DB_RETRY)
-        return await workflow.execute_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
-                                               retry_policy=DB_RETRY)
+        """A database activity (registry, audit, candidate selection), as a local activity: in the worker running
+        the workflow, one trip to the database and no round trip through a task queue, so recording HEALTHY costs
+        one workflow task instead of three server round trips (the connect-storm benchmark, P3)."""
+        return await workflow.execute_local_activity(activity, arg, start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
+                                                     retry_policy=DB_RETRY)
 
     def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched``, unless the run's generation already says (``GENERATION_4_PATCH`` to
-        ``GENERATION_1_PATCH``)."""
-        return ((self._generation_4 and patch_id in PATCHES_IN_GENERATION_4)
-                or (self._generation_3 and patch_id in PATCHES_IN_GENERATION_3)
-                or (self._generation_2 and patch_id in PATCHES_IN_GENERATION_2)
-                or (self._generation_1 and patch_id in PATCHES_IN_GENERATION_1) or workflow.patched(patch_id))
+        """``workflow.patched``, unless the run's generation already says (``PATCHES_IN_GENERATION_4``)."""
+        return (self._generation_4 and patch_id in PATCHES_IN_GENERATION_4) or workflow.patched(patch_id)
 
     def _describe(self, note: str) -> None:
         """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""

@@ -19,18 +19,7 @@ from temporalio.exceptions import ActivityError, CancelledError
 from temporalio.workflow import ActivityHandle
 
 from workflows import fence, timing
-from workflows.lifecycle_base import (
-    DB_RETRY,
-    DEAD_IN_ONE_STEP_PATCH,
-    FENCE_AHEAD_PATCH,
-    FENCE_PATCH,
-    GATE_PATCH,
-    KNOWN_GONE_PATCH,
-    OWN_ALERTS_PATCH,
-    REVIVAL_PATCH,
-    Abandoned,
-    LifecycleBase,
-)
+from workflows.lifecycle_base import DB_RETRY, DEAD_IN_ONE_STEP_PATCH, Abandoned, LifecycleBase
 from workflows.timing import (
     BACKOFF_INITIAL,
     DB_ACTIVITY_TIMEOUT,
@@ -73,8 +62,7 @@ class _Recovery:
     """One run's progress through a recovery (``_recover``): what its steps read and update."""
 
     version: str
-    admitted: bool  # the gate let it through (or the run predates the gate)
-    revival: bool = False  # the last look before a request sees any `connected` (``REVIVAL_PATCH``)
+    admitted: bool = False  # the gate let it through
     backoff: timedelta = BACKOFF_INITIAL
     failed: list[str] = field(default_factory=list)  # peers whose attempt failed, tried again once all have
     attempt: int = 0
@@ -101,14 +89,11 @@ class RecoverySteps(LifecycleBase):
         state = self._state
         if self._back():
             return False  # a `connected` came with the timer
-        if self._patched(FENCE_AHEAD_PATCH):
-            try:
-                reply = await self._unless(self._probe_at_grace_end(), self._back)
-            except Abandoned:
-                return False  # back before the grace ended: the probe's answer no longer matters
-        else:
-            reply = await self._probe()
-        if self._patched(REVIVAL_PATCH) and self._back():
+        try:
+            reply = await self._unless(self._probe_at_grace_end(), self._back)
+        except Abandoned:
+            return False  # back before the grace ended: the probe's answer no longer matters
+        if self._back():
             return False  # a `connected` landed while the probe was out: newer than whatever the probe says
         if reply is None:
             return True
@@ -131,12 +116,16 @@ class RecoverySteps(LifecycleBase):
         return True
 
     def _fence_lead(self) -> timedelta:
-        """How long before the grace's end the fence is asked (``FENCE_AHEAD_PATCH``): ``FENCE_LEAD``, at most half
-        the grace; none on older code (the grace is waited out, then the gateway asked)."""
-        if not (self._patched(FENCE_AHEAD_PATCH) and self._patched(FENCE_PATCH)):
-            return timedelta(0)
+        """How long before the grace's end the fence is asked (``_probe_at_grace_end``): ``FENCE_LEAD``, at most half
+        the grace. The probe's round trip (a workflow task, the gateway's pick-up, another workflow task) then runs
+        inside the grace instead of after it: in a burst of deaths that round trip was most of DEAD's lateness."""
         grace = self._state.grace
         return FENCE_LEAD if grace is None else min(FENCE_LEAD, grace / 2)
+
+    def _grace_left(self) -> timedelta:
+        """What is left of the grace by this workflow's clock: negative once it has ended, zero when none runs."""
+        deadline = self._state.grace_deadline
+        return timedelta(0) if deadline is None else deadline - workflow.now()
 
     async def _probe(self, *, at_grace_end: bool = False, known: GatewayGoneReply | None = None
                      ) -> ProbeGatewayReply | None:
@@ -146,29 +135,27 @@ class RecoverySteps(LifecycleBase):
         i, queue = self._input, self._state.gateway_queue
         if not queue:
             return None
-        if self._patched(KNOWN_GONE_PATCH):
-            if known is None:
-                known = await self._db(gateway_gone, GatewayGoneInput(queue))
-            if known.gone:
-                return None
+        if known is None:  # a gateway known gone (``core.gateways``) holds no socket: a probe could only time out
+            known = await self._db(gateway_gone, GatewayGoneInput(queue))
+        if known.gone:
+            return None
         answer_at = self._state.grace_deadline if at_grace_end else None
-        hold = max(answer_at - workflow.now(), timedelta(0)) if answer_at is not None else timedelta(0)
+        hold = max(self._grace_left(), timedelta(0)) if at_grace_end else timedelta(0)
         return await fence.probe(queue, ProbeGatewayInput(i.org, i.app, i.executor_id, answer_at=answer_at),
                                  timeout=i.probe_timeout, hold=hold)
 
     async def _probe_at_grace_end(self) -> ProbeGatewayReply | None:
-        """The fence's probe, asked ahead of the grace's end (``FENCE_AHEAD_PATCH``): the gateway looks when the
+        """The fence's probe, asked ahead of the grace's end (``_fence_lead``): the gateway looks when the
         grace ends, or answers when the socket appears. An answer that came sooner says nothing of the grace's end
         (the gateway is gone or known gone, or is older code that answers at once): the grace is waited out, and an
         older gateway asked again then. Never returns before the grace's end by this workflow's clock."""
-        deadline = self._state.grace_deadline
-        if deadline is None or deadline <= workflow.now():
+        if self._grace_left() <= timedelta(0):
             return await self._probe()
         self._describe(f"the fence: asking `{self._state.gateway_queue}` for its answer at the grace's end")
         reply = await self._probe(at_grace_end=True)
         if reply is not None and reply.connection is not None:
             return reply  # the socket is back: no need to wait for the grace's end
-        left = deadline - workflow.now()
+        left = self._grace_left()
         if left > timedelta(0):  # the gateway's clock ahead of Temporal's, or no held answer: the grace first
             await workflow.sleep(left, summary="the rest of the grace")
         if reply is not None and not reply.held:
@@ -179,10 +166,9 @@ class RecoverySteps(LifecycleBase):
         """Right before a recovery request goes out: False (and recovery called off) when the executor is back.
         ``known``: whether its gateway is known gone, asked just now (``declare_dead``)."""
         state = self._state
-        revival = self._patched(REVIVAL_PATCH)
-        if not (self._back() if revival else state.connection is not None):
+        if not self._back():
             reply = await self._probe(known=known)
-            if not (revival and self._back()):  # a `connected` that landed meanwhile outranks the probe's answer
+            if not self._back():  # a `connected` that landed meanwhile outranks the probe's answer
                 if reply is None or reply.connection is None:
                     return True
                 state.connection = reply.connection
@@ -247,10 +233,8 @@ class RecoverySteps(LifecycleBase):
         admits (``_admitted``), a peer is found or waited for (``_peer``), the fence looks again (``_still_gone``),
         the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries another.
         ``declared``: the first steps' answers, asked with DEAD (``declare_dead``), taken up in place of asking."""
-        fenced = self._patched(FENCE_PATCH)
-        run = _Recovery(version=self._version(), admitted=not self._patched(GATE_PATCH), declared=declared)
-        run.revival = fenced and self._patched(REVIVAL_PATCH)
-        back = self._back if run.revival else lambda: fenced and self._state.connection is not None
+        run = _Recovery(version=self._version(), declared=declared)
+        back = self._back
         while True:
             await self._continue_as_new_if_long()
             if back() and not await self._still_gone():
@@ -264,7 +248,7 @@ class RecoverySteps(LifecycleBase):
             if candidate is None:
                 continue  # after a wait for a peer, or a backoff: look again
             known, run.declared = (run.declared.gateway_gone if run.declared else None), None
-            if fenced and not await self._still_gone(known):
+            if not await self._still_gone(known):
                 return None
             error = await self._dispatch_and_confirm(candidate, run)
             if error is CALLED_OFF:
@@ -309,7 +293,7 @@ class RecoverySteps(LifecycleBase):
             key = await self._audit("executor.recovery.blocked", "failure", {"reason": reason})
             self._describe(f"**recovery blocked**: {reason}; waiting for one to connect")
             run.blocked = True
-            if self._state.blocked_since is None and self._patched(OWN_ALERTS_PATCH):
+            if self._state.blocked_since is None:
                 self._state.blocked_since = workflow.now()
                 await self._own_alert("executor.recovery.blocked", key, {"reason": reason})
         with contextlib.suppress(TimeoutError):
@@ -329,10 +313,7 @@ class RecoverySteps(LifecycleBase):
                                note="current SDKs recover only their own version's workflows; confirmation "
                                     "may keep failing")
         self._describe(f"recovery via `{candidate.executor_id}`, attempt {run.attempt}")
-        if run.revival:
-            return await self._dispatch(candidate, request_id, run.attempt, run.details)
-        await self._audit("executor.recovery.dispatched", "success", run.details)
-        return await self._attempt(candidate, run.attempt, self._request(candidate, request_id, run.attempt))
+        return await self._dispatch(candidate, request_id, run.attempt, run.details)
 
     async def _recovered(self, candidate: Candidate, details: dict[str, object]) -> None:
         """Confirmed: the audit row, then the dead executor's registry row deleted."""
@@ -379,7 +360,7 @@ class RecoverySteps(LifecycleBase):
             reply = await workflow.execute_local_activity(
                 admit_recovery, self._admission_ask(), start_to_close_timeout=DB_ACTIVITY_TIMEOUT,
                 retry_policy=DB_RETRY)
-        if reply.tripped and self._patched(OWN_ALERTS_PATCH):  # this admission tripped the storm breaker
+        if reply.tripped:  # this admission tripped the storm breaker
             await self._own_alert("app.recovery.breaker_tripped", reply.tripped, dict(reply.storm))
         if reply.go or reply.until is None:
             return True

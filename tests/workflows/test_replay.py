@@ -2,8 +2,11 @@
 
 A history that no longer replays means the code would break workflows running in production (Temporal replays
 their history on the new code): guard the change with ``workflow.patched`` instead (README, "Changing a
-workflow"). The mutant tests prove the check has teeth: copies of the workflow modules with an activity call
-moved, dropped or a timer added must each fail to replay. The lifecycle workflow is one class in three modules
+workflow"). The histories in ``tests/histories/retired/`` are those of lifecycle generations (and patches) whose
+branches were removed on purpose (docs/pages/contributing/patch-policy.md): each must now fail to replay, as a
+run of them still open would, and `relay patches check` must name their generations. The mutant tests prove the
+check has teeth: copies of the workflow modules with an activity call moved, dropped or a timer added must each
+fail to replay. The lifecycle workflow is one class in three modules
 (``lifecycle_base``, ``recovery``, ``lifecycle``): each mutant changes one of them, and the copies import each
 other, so a mutation reaches the workflow wherever its code lives.
 """
@@ -27,18 +30,23 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.workflow import NondeterminismError
 
+from cli.patches import generation_of
 from core.temporal import data_converter
 from tests.histories.record import record, start_env
 from tests.histories.scenarios import SCENARIOS
 from tests.quick import QUICK, sample
 from worker import workflow_runner
-from workflows import gateway_watch, lifecycle, lifecycle_base, recovery
+from workflows import gateway_watch, lifecycle, lifecycle_base, lifecycle_generations, recovery
 from workflows.gateway_watch import GatewayWorkflow
 from workflows.lifecycle import ExecutorLifecycleWorkflow
 from workflows.retention import RetentionWorkflow
 
 HISTORIES = Path(__file__).parents[1] / "histories"
-FIXTURES = sorted(HISTORIES.rglob("*.json"))  # the current recordings, and older ones in subfolders
+# Recordings of code whose branches are gone (the policy's removals): they must fail to replay.
+RETIRED = HISTORIES / "retired"
+# The current recordings, and older ones in subfolders, that must replay.
+FIXTURES = sorted(p for p in HISTORIES.rglob("*.json") if not p.is_relative_to(RETIRED))
+RETIRED_FIXTURES = sorted(RETIRED.rglob("*.json"))
 _BUDGET = re.compile(r"-signal-budget-(\d+)\b")
 
 
@@ -135,6 +143,58 @@ async def test_recorded_history_replays(folder: Path, monkeypatch: pytest.Monkey
         f"{', '.join(broken)} no longer replay: {broken!r}. Running workflows would fail the same way; guard the "
         "change with workflow.patched (README: Changing a workflow)"
     )
+
+
+# -- retired: removed on purpose ----------------------------------------------------------------------------------
+
+
+def _went_past_the_hold(history: WorkflowHistory) -> bool:
+    """A gateway watch run whose hold failed: it took a branch of the patches whose old branches are gone."""
+    return any(e.activity_task_scheduled_event_attributes.activity_type.name != "hold_gateway"
+               for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED)
+
+
+async def test_a_retired_history_fails_replay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branches of lifecycle generations 0 to 2 are removed (and the gateway watch's old branches, its patches
+    deprecated): a run recorded by that code fails on today's with nondeterminism, as such a run still open would
+    after an upgrade, which is why `relay patches check` must pass first. A gateway watch run that never went past
+    its hold took no patched branch, and still replays."""
+    assert RETIRED_FIXTURES
+    failures = await _replay_all(RETIRED_FIXTURES, [ExecutorLifecycleWorkflow, GatewayWorkflow], monkeypatch,
+                                 sandboxed=False)
+    expected = {str(p.relative_to(HISTORIES)) for p in RETIRED_FIXTURES
+                if _recorded_type(p) == "ExecutorLifecycleWorkflow" or _went_past_the_hold(_history(p))}
+    failed = {name for name, failure in failures.items() if failure is not None}
+    assert failed == expected, sorted(failed ^ expected)
+    others = {name: repr(failures[name])[:300] for name in failed if not _incompatible(failures[name])}
+    assert not others, others
+    # Most say so in those words: a marker of a generation no code asks for, or another command in its place.
+    nondeterminism = [name for name in failed if isinstance(failures[name], NondeterminismError)]
+    assert len(nondeterminism) >= 0.9 * len(failed), sorted(failed - set(nondeterminism))
+
+
+# Each folder's lifecycle runs, by the generation their first workflow task wrote (0: none, before generation 1).
+GENERATION_OF_FOLDER = {"histories": 4, "before-generation-4": 3, "before-generation-3": 2,
+                        "before-generation-2": 1, "before-own-alerts-at-once": 1}
+
+
+def test_the_check_reads_each_recorded_runs_generation() -> None:
+    """`relay patches check` reads a run's generation off its history: every recording, retired or not, reads as
+    the generation its folder was recorded under, and those that replay are exactly those of a generation this
+    code replays."""
+    oldest = lifecycle_generations.OLDEST_REPLAYED_GENERATION
+    read = {p: generation_of(_history(p).events) for p in [*FIXTURES, *RETIRED_FIXTURES]
+            if _recorded_type(p) == "ExecutorLifecycleWorkflow"}
+    wrong = {str(p.relative_to(HISTORIES)): g for p, g in read.items()
+             if g != GENERATION_OF_FOLDER.get(p.parent.name, 0)}
+    assert not wrong, wrong
+    assert all(g is not None and g >= oldest for p, g in read.items() if p in FIXTURES)
+    assert all(g is not None and g < oldest for p, g in read.items() if p in RETIRED_FIXTURES)
+    assert lifecycle_generations.GENERATIONS[lifecycle_generations.GENERATION_4_PATCH] == (
+        lifecycle_generations.NEWEST_GENERATION)
+    assert oldest <= lifecycle_generations.NEXT_RELEASE_REPLAYS_FROM <= lifecycle_generations.NEWEST_GENERATION
+    # A run that has completed no workflow task has run no code: no generation yet.
+    assert generation_of(_history(FIXTURES[0]).events[:3]) is None
 
 
 # -- mutants: the replay must catch an incompatible change -----------------------------------------------------
@@ -318,7 +378,7 @@ async def test_a_new_run_asks_for_one_patch_only() -> None:
     versions = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
                 and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes
                 .search_attributes.indexed_fields]
-    assert len(patches) == 1 and lifecycle_base.GENERATION_4_PATCH.encode() in patches[0].payloads[0].data
+    assert len(patches) == 1 and lifecycle_generations.GENERATION_4_PATCH.encode() in patches[0].payloads[0].data
     assert len(versions) == 1
     timer = next(n for n, e in enumerate(history.events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
     assert not [e for e in history.events[timer:] if e.event_type in (
