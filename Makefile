@@ -161,7 +161,8 @@ reference: $(STAMP)
 	$(PY) docs/reference.py
 
 # The documentation site, into .relay/site: strict (docs/mkdocs.yml), so a broken link or anchor, a page left out
-# of the nav, or any other warning fails it. Offline: open .relay/site/index.html, or `mkdocs serve -f docs/mkdocs.yml`.
+# of the nav, or any other warning fails it. It loads nothing from elsewhere: read it air-gapped with
+# `python3 -m http.server -d .relay/site` (search included), or `.venv/bin/mkdocs serve -f docs/mkdocs.yml` while editing.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --quiet -f docs/mkdocs.yml
 

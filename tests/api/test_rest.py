@@ -120,7 +120,7 @@ async def test_patch_null_clears_a_retention_setting(api: Api) -> None:
 ])
 async def test_a_threshold_under_a_second_is_refused_naming_the_unit(api: Api, field: str, value: int,
                                                                      detail: str) -> None:
-    """Issue 24: ``{"gcTimeThresholdMs": 7}`` was taken, and the next retention round deleted every finished
+    """``{"gcTimeThresholdMs": 7}`` was once taken, and the next retention round deleted every finished
     workflow. The 422's detail reads the value back in the units it was likely meant in."""
     async with api.client() as client:
         await client.put(f"{ORG}/apps/slip-app")
@@ -153,7 +153,7 @@ DEEP_BODIES = [  # (method, path under the org, body with a free-form or typed s
 @pytest.mark.parametrize(("method", "path", "body"), DEEP_BODIES, ids=[f"{m} {p}" for m, p, _ in DEEP_BODIES])
 async def test_a_body_nested_hundreds_deep_is_a_422_never_a_500(api: Api, method: str, path: str, body: str,
                                                                 depth: int) -> None:
-    """Issue 24: 300, 600 and 900 levels answered 500 (a RecursionError) where a free-form value was kept or
+    """Bodies 300, 600 and 900 levels deep once answered 500 (a RecursionError) where a free-form value was kept or
     forwarded; every body is bounded in depth as in size (``core.nesting``), and nothing reaches an executor."""
     async with api.client() as client:
         await client.put(f"{ORG}/apps/deep-app")

@@ -165,7 +165,8 @@ async def test_an_app_deleted_and_registered_again_has_no_drain_or_pause_left(ap
 
 
 async def test_a_drained_only_executor_is_named_in_the_503_with_how_to_end_the_drain(api: Api) -> None:
-    """Issue 24: "no HEALTHY executor of app ... is connected" when the only one is connected and drained."""
+    """The 503 once said "no HEALTHY executor of app ... is connected" when the only one was connected and
+    drained."""
     app = "drained-only"
     async with api.client() as client:
         await client.put(f"{ORG}/apps/{app}")
@@ -189,8 +190,8 @@ async def test_a_drained_only_executor_is_named_in_the_503_with_how_to_end_the_d
 
 
 async def test_recovery_status_shows_recoveries_blocked_for_lack_of_a_peer(api: Api) -> None:
-    """Issue 24: "waiting: 0" while a DEAD executor's recovery was blocked. Blocked is what the lifecycle recorded
-    last since the death (``executor.recovery.blocked``); a later step (dispatched) ends it."""
+    """The status once said "waiting: 0" while a DEAD executor's recovery was blocked. Blocked is what the lifecycle
+    recorded last since the death (``executor.recovery.blocked``); a later step (dispatched) ends it."""
     app = "blocked-status"
     async with api.client() as client:
         await client.put(f"{ORG}/apps/{app}")
@@ -217,7 +218,7 @@ async def test_recovery_status_shows_recoveries_blocked_for_lack_of_a_peer(api: 
 
 
 async def test_drains_and_pauses_name_the_key_that_set_them_as_the_audit_does(api: Api) -> None:
-    """Issue 24: a drain or pause said ``api_key:<uuid>`` where the audit log names the key."""
+    """A drain or pause once said ``api_key:<uuid>`` where the audit log names the key."""
     app = "named-app"
     ops = api.store.create_key(org="local", name="ops-ana", apps=[app])
     async with api.client() as client:

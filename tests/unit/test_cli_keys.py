@@ -1,5 +1,5 @@
 """``relay keys create|list|revoke`` with no API key, on the local database: a database that is not there is
-never created unless ``--init`` asks for it (issue 24: run outside the checkout, ``keys create`` silently made a
+never created unless ``--init`` asks for it (run outside the checkout, ``keys create`` once silently made a
 new ``.relay/relay.db`` whose key no Relay knew), and ``keys create`` says which database it wrote to."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ QUIET: dict[str, Any] = {"pause": None, "breaker": {"tripped": False, "trippedAt
 
 
 def test_a_recovery_blocked_for_lack_of_a_peer_is_shown_with_the_drain_that_blocks_it() -> None:
-    """Issue 24: "waiting: 0" and nothing else while a DEAD executor waited for a peer."""
+    """It once said "waiting: 0" and nothing else while a DEAD executor waited for a peer."""
     blocked = {"executorId": "dead-1", "appVersion": "v1", "diedAt": "2026-11-30T11:50:00Z",
                "blockedAt": "2026-11-30T11:50:01Z", "reason": "no HEALTHY executor of version 'v1'",
                "drainedPeers": ["peer-1"]}
@@ -31,7 +31,7 @@ def test_nothing_blocked_says_so() -> None:
 
 
 def test_drains_and_pauses_are_by_the_key_name_as_in_the_audit() -> None:
-    """Issue 24: the BY column said ``api_key:<key id>`` where ``relay audit`` names the key."""
+    """The BY column once said ``api_key:<key id>`` where ``relay audit`` names the key."""
     drain = {"executorId": "ex-1", "active": True, "until": "2026-11-30T12:30:00Z", "reason": "",
              "subject": "api_key:0b5e6c1e", "subjectName": "ops-ana", "createdAt": "2026-11-30T12:00:00Z"}
     header, row = drains_table([drain], NOW).splitlines()

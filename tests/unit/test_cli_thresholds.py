@@ -1,5 +1,5 @@
 """A retention threshold or global timeout set too short deletes (cancels) most of an app's workflows at the next
-retention round (issue 24: ``gcTimeThresholdMs: 7`` deleted every finished workflow). Under a second the REST API
+retention round (``gcTimeThresholdMs: 7`` once deleted every finished workflow). Under a second the REST API
 refuses it (``core.units.threshold_ms_problem``; the 422 itself: tests/api/test_rest.py); under an hour
 ``relay apps update|register`` asks first, and without a terminal refuses unless ``--yes``."""
 

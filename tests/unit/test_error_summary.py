@@ -1,5 +1,5 @@
 """``wire.error_summary``: what a REST problem quotes of an executor's ``error_message`` — its messages, never its
-stack trace (issue 24: resume and fork of an unknown id answered 502 with a whole Python traceback in ``detail``).
+stack trace (resume and fork of an unknown id once answered 502 with a whole Python traceback in ``detail``).
 The route around it: tests/api/test_management.py."""
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def _drifting_clocks(count: int, at: datetime) -> list[datetime]:
 
 
 def test_deaths_below_the_storm_are_never_held_however_far_their_clocks_drift() -> None:
-    """Issue 19: 14 of 30 executors (under half) die together and their workflows ask with clocks seconds apart.
+    """14 of 30 executors (under half) die together and their workflows ask with clocks seconds apart.
     Below the storm share nothing is held: every one goes at once, the breaker never trips."""
     g = Gate(healthy=30)
     for n in range(14):

@@ -526,7 +526,7 @@ def _nested(depth: int) -> Any:
 
 @pytest.mark.parametrize("depth", [nesting.MAX_JSON_DEPTH + 1, 300, 600, 900])
 def test_metadata_nested_too_deep_is_refused_for_good(depth: int) -> None:
-    """Issue 24: metadata 300 deep (about 2 KB, under the 64 KiB bound) was accepted, then its `connected` signal
+    """Metadata 300 deep (about 2 KB, under the 64 KiB bound) was once accepted, then its `connected` signal
     failed to serialize on every retry: connected, never registered."""
     identity.check(ORG, APP, _info(executor_metadata=_nested(nesting.MAX_JSON_DEPTH)))
     with pytest.raises(IdentityError) as refused:

@@ -1,4 +1,4 @@
-"""A retention threshold under a second that an older Relay stored (before the REST API refused it, issue 24) does
+"""A retention threshold under a second that an older Relay stored (before the REST API refused it) does
 not drive retention: ``list_retention_targets`` reads it as unset and says so, once per app, with the fix."""
 
 from __future__ import annotations
