@@ -12,7 +12,7 @@ DB_ACTIVITY_TIMEOUT = timedelta(seconds=30)
 SOCKET_SCHEDULE_TO_START = timedelta(seconds=10)
 SOCKET_HEARTBEAT_TIMEOUT = timedelta(seconds=10)
 # The fence before DEAD is asked this long before the grace ends (at most half the grace), so that its probe is with
-# the gateway by then even when a burst of deaths queues the workflow tasks (``FENCE_AHEAD_PATCH``).
+# the gateway by then even when a burst of deaths queues the workflow tasks.
 FENCE_LEAD = timedelta(seconds=2)
 BACKOFF_INITIAL = timedelta(seconds=1)
 BACKOFF_MAX = timedelta(seconds=30)

@@ -31,7 +31,7 @@ class Activity:
 
     RECORD_STATUS = "record_status"
     GET_EXECUTOR_TIMEOUT = "get_executor_timeout"
-    # DISCONNECTED and the grace it begins, in one local activity (``GRACE_IN_ONE_WRITE_PATCH``).
+    # DISCONNECTED and the grace it begins, in one local activity.
     BEGIN_GRACE = "begin_grace"
     SELECT_CANDIDATE = "select_candidate"
     # DEAD and a recovery's first steps (the gate, a peer, the gateway known gone or not), in one local activity

@@ -102,7 +102,7 @@ class LifecycleState:
     # writes it under, so the row lands once, whichever writes it first. Empty in older state, and for a
     # DISCONNECTED no signal brought (the reconciliation's): a key of the workflow's own then.
     disconnect_signal_id: str = ""
-    # Since ``OWN_ALERTS_PATCH``: when the current recovery was first found blocked (no HEALTHY peer of its version)
+    # When the current recovery was first found blocked (no HEALTHY peer of its version)
     # and its RecoveryBlocked alert started; carried across continue-as-new, so the RecoveryUnblocked that ends it
     # goes out from whichever run the recovery goes ahead in, and a continued run does not alert again.
     blocked_since: datetime | None = None
