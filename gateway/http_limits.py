@@ -19,6 +19,7 @@ upgrade to the WebSocket protocol (``gateway.ws``) only once h11 has parsed its 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import re
 from collections.abc import Callable
 from datetime import timedelta
@@ -26,7 +27,6 @@ from http import HTTPStatus
 from typing import Any
 
 import h11
-from h11._connection import DEFAULT_MAX_INCOMPLETE_EVENT_SIZE
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from websockets.http11 import MAX_LINE_LENGTH, MAX_NUM_HEADERS
@@ -39,7 +39,10 @@ from core.problem import problem_body as _problem_body
 # line and in any header line (websockets counts the CRLF, these do not), and headers.
 MAX_LINE = MAX_LINE_LENGTH - 2
 MAX_HEADERS = MAX_NUM_HEADERS
-MAX_HEAD = DEFAULT_MAX_INCOMPLETE_EVENT_SIZE  # the whole head (16 KiB): what h11 allows a head still incomplete
+# The whole head (16 KiB): what h11 allows of a head still incomplete, as uvicorn leaves it (cli/web.py sets no
+# h11_max_incomplete_event_size). Read from h11.Connection's documented keyword default: the constant behind it is
+# in a private module of h11's.
+MAX_HEAD: int = inspect.signature(h11.Connection).parameters["max_incomplete_event_size"].default
 _END_OF_HEAD = re.compile(rb"\r?\n\r?\n")  # h11 accepts bare LF line ends too
 
 # What the HTTP layer asks before an upgrade: (request target, client address) -> a whole response refusing it,

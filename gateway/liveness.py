@@ -8,6 +8,12 @@ never pings still produces pongs; a slow pong is not a failure by itself.
 Both the pings and the silence checks run off one ticker per event loop (``Keepalive``), not two asyncio timers
 per socket: with thousands of sockets those timers kept asyncio's timer heap large, and an idle gateway spent
 more on heap upkeep than on the pings themselves.
+
+An executor's ping goes through websockets' frame parser like any other frame, and websockets writes the pong.
+Answering a lone ping before the parser saved about a tenth of a heartbeat's CPU (most of it is the event loop's
+read and write), and P2 met its target without it; but only the parser knows whether some bytes are a whole frame
+or the middle of a message, and asking it took reading its generator chain and its reader's buffer: websockets'
+internals, which a release may change without a word (tests/unit/test_public_apis.py refuses such reads).
 """
 
 from __future__ import annotations
@@ -20,25 +26,9 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from websockets.protocol import State
-from websockets.streams import StreamReader
-
-try:
-    from websockets.speedups import apply_mask  # as websockets unmasks: its C speedup where it is built
-except ImportError:  # pragma: no cover
-    from websockets.utils import apply_mask
 
 TICK = timedelta(milliseconds=250)  # how late a ping or a silence check may come, at most
 _TICK = TICK.total_seconds()  # on the event loop's clock, which counts seconds
-
-# A heartbeat is one small ping frame from the executor: answered here, past websockets' frame parser, when the
-# parser waits at a frame boundary (inside its reader's ``at_eof``, nothing buffered). Anything else (a ping that
-# came in pieces or with other frames, a ping mid-message, after a close) goes through the parser as before, as
-# does every ping on a websockets release without these internals (tests/unit/test_uvicorn_compat.py checks them).
-_AT_FRAME_BOUNDARY = getattr(getattr(StreamReader, "at_eof", None), "__code__", None)
-_PING = 0x89  # FIN and opcode 9, no extension bits (no extension applies to control frames)
-_MASKED = 0x80
-_PONG_HEADS = [bytes((0x8A, n)) for n in range(126)]  # a server's pong frame is not masked
 
 
 class Keepalive:
@@ -100,22 +90,7 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
 
     def data_received(self, data: bytes) -> None:
         self.last_frame_at = self.loop.time()  # the deadline moves; the ticker finds out when it looks next
-        size = len(data) - 6  # a ping's payload: the data less the two header bytes and the mask
-        if 0 <= size < 126 and data[0] == _PING and data[1] == _MASKED | size and self._at_frame_boundary():
-            assert self.transport is not None
-            self.transport.write(_PONG_HEADS[size] + apply_mask(data[6:], data[2:6]))
-            return
         super().data_received(data)
-
-    def _at_frame_boundary(self) -> bool:
-        """Whether websockets' parser of this open socket waits for a frame's first byte."""
-        conn = self.conn
-        if _AT_FRAME_BOUNDARY is None or conn.state is not State.OPEN or getattr(conn.reader, "buffer", True):
-            return False
-        parser: Any = getattr(conn, "parser", None)  # a generator: the innermost one it delegates to says where
-        while getattr(parser, "gi_yieldfrom", None) is not None:  # it waits
-            parser = parser.gi_yieldfrom
-        return getattr(parser, "gi_code", None) is _AT_FRAME_BOUNDARY
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.keepalive.forget(self)

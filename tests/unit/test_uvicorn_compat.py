@@ -35,9 +35,8 @@ from websockets.http11 import Request
 from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
-from websockets.utils import apply_mask
 
-from gateway import http_limits, liveness, ws
+from gateway import http_limits, ws
 from gateway.liveness import LivenessProtocol
 from tests.transports import ServerTransport
 
@@ -283,94 +282,31 @@ def test_the_upgrade_reaches_the_h11_hook(loop: asyncio.AbstractEventLoop) -> No
     protocol.connection_lost(None)
 
 
-# -- heartbeats answered past websockets' parser (gateway.liveness) ------------------------------------------------
+# -- every frame moves the silence deadline (gateway.liveness) -----------------------------------------------------
 
 
-class _Heartbeats(LivenessProtocol):
-    """Relay's liveness protocol, with the parser's input and each whole message recorded."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.parsed: list[bytes] = []
-        self.messages: list[tuple[str, bytes]] = []
-
-    def send_receive_event_to_app(self) -> None:
-        self.messages.append((self.curr_msg_data_type, b"".join(bytes(f) for f in self.frames)))
-        self.frames = []
-
-
-def _heartbeats(loop: asyncio.AbstractEventLoop) -> tuple[_Heartbeats, ServerTransport, ClientProtocol]:
-    protocol = _Heartbeats(_config(ws_ping_interval=None), ServerState(), {}, _loop=loop)
+def test_a_heartbeat_moves_the_deadline_and_gets_websockets_own_pong(loop: asyncio.AbstractEventLoop,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """``LivenessProtocol.data_received`` stamps every read, a ping's included, and hands it on to uvicorn: the ping
+    goes through websockets' frame parser, whole or in pieces, and the pong written is websockets' own."""
+    protocol = LivenessProtocol(_config(ws_ping_interval=None), ServerState(), {}, _loop=loop)
     transport = ServerTransport()
     protocol.connection_made(transport)
     protocol.conn = ServerProtocol(state=State.OPEN, max_size=None)
-    receive_data = protocol.conn.receive_data
-
-    def recorded(data: bytes) -> None:
-        protocol.parsed.append(data)
-        receive_data(data)
-
-    protocol.conn.receive_data = recorded  # type: ignore[method-assign, assignment]
-    return protocol, transport, ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
-
-
-def _frames(client: ClientProtocol, written: bytearray) -> list[tuple[Opcode, bytes]]:
-    client.receive_data(bytes(written))
-    written.clear()
-    return [(e.opcode, bytes(e.data)) for e in client.events_received() if isinstance(e, Frame)]
-
-
-def test_a_lone_heartbeat_is_answered_without_the_parser_as_websockets_answers_it(
-        loop: asyncio.AbstractEventLoop) -> None:
-    protocol, transport, client = _heartbeats(loop)
-    for payload in (b"hb", b"", b"x" * 125):
-        client.send_ping(payload)
-        [ping] = client.data_to_send()
-        protocol.data_received(ping)
-        websockets_server = ServerProtocol(state=State.OPEN, max_size=None)
-        websockets_server.receive_data(ping)
-        assert bytes(transport.written) == b"".join(websockets_server.data_to_send()), payload
-        assert _frames(client, transport.written) == [(Opcode.PONG, payload)]
-    assert protocol.parsed == []
-    client.send_text(b"after")
-    protocol.data_received(b"".join(client.data_to_send()))
-    assert protocol.messages == [("text", b"after")], "the parser, untouched by the pings, reads on"
-
-
-def test_a_ping_not_alone_at_a_frame_boundary_goes_through_the_parser(loop: asyncio.AbstractEventLoop) -> None:
-    """A message whose payload has a ping's shape, its header come first; a ping in two pieces; a ping with a
-    message; a ping after the executor's close: each parsed, the message whole, one pong per real ping."""
-    protocol, transport, client = _heartbeats(loop)
-    other = ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
-    other.send_ping(b"hb")
-    [lookalike] = other.data_to_send()
-    mask = b"\x01\x02\x03\x04"  # a message masked so that its bytes on the wire are a ping frame
-    protocol.data_received(bytes((0x82, 0x80 | len(lookalike))) + mask)
-    protocol.data_received(lookalike)
-    assert protocol.messages == [("bytes", apply_mask(lookalike, mask))] and transport.written == b""
-
+    client = ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
     client.send_ping(b"hb")
     [ping] = client.data_to_send()
-    protocol.data_received(ping[:3])
-    protocol.data_received(ping[3:])
-    client.send_text(b"with")
-    protocol.data_received(b"".join(client.data_to_send()) + ping)
-    assert _frames(client, transport.written) == [(Opcode.PONG, b"hb")] * 2
-    assert protocol.messages[1:] == [("text", b"with")]
-    assert len(protocol.parsed) == 5
-
-    client.send_close(1000)
-    protocol.data_received(b"".join(client.data_to_send()))
-    protocol.data_received(ping)
-    assert protocol.parsed[-1] == ping, "a closing socket's ping goes to the parser (which ignores it)"
-
-
-def test_without_websockets_internals_every_ping_goes_through_the_parser(loop: asyncio.AbstractEventLoop,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A websockets release without ``StreamReader.at_eof``: the fast path is off, the pong still goes out."""
-    monkeypatch.setattr(liveness, "_AT_FRAME_BOUNDARY", None)
-    protocol, transport, client = _heartbeats(loop)
-    client.send_ping(b"hb")
-    [ping] = client.data_to_send()
-    protocol.data_received(ping)
-    assert protocol.parsed == [ping] and _frames(client, transport.written) == [(Opcode.PONG, b"hb")]
+    websockets_server = ServerProtocol(state=State.OPEN, max_size=None)
+    websockets_server.receive_data(ping)
+    pong = b"".join(websockets_server.data_to_send())
+    for at, pieces in ((100.0, [ping]), (200.0, [ping[:3], ping[3:]])):
+        monkeypatch.setattr(loop, "time", lambda at=at: at)
+        for piece in pieces:
+            protocol.data_received(piece)
+            assert protocol.last_frame_at == at
+        assert bytes(transport.written) == pong
+        transport.written.clear()
+    client.receive_data(pong)
+    [frame] = client.events_received()
+    assert isinstance(frame, Frame) and frame.opcode is Opcode.PONG and frame.data == b"hb"
+    protocol.connection_lost(None)
