@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from temporalio.service import RPCError, RPCStatusCode
 
-from cli.temporal_setup import SetupRefused, ensure_search_attributes
+from cli.temporal_setup_steps import SetupRefused, ensure_search_attributes
 from workflows.contracts.common import (
     LIFECYCLE_WORKFLOW_TYPE,
     RELAY_APP,

@@ -30,7 +30,7 @@ from temporalio.client import WorkflowHistory
 from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 from temporalio.workflow import NondeterminismError
 
-from cli.patches import generation_of
+from cli.patches_check import generation_of
 from core.temporal import data_converter
 from tests.histories.record import record, start_env
 from tests.histories.scenarios import SCENARIOS
