@@ -1,5 +1,5 @@
 # Relay: `make run` starts Relay on its embedded defaults; `make test` runs every test; `make check` runs lint,
-# types and the fast test tiers (README, "Tests"). Each sets up first.
+# types and the fast test tiers (docs/pages/contributing/tests.md). Each sets up first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -147,7 +147,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 
-# `make bench PARTS="rest scale"`: only those parts (README, "Benchmarks"); `scale` runs only when named.
+# `make bench PARTS="rest scale"`: only those parts (docs/pages/benchmarks.md); `scale` runs only when named.
 PARTS ?=
 bench: $(STAMP)
 	$(PY) -m tests.bench $(PARTS)

@@ -20,8 +20,8 @@ from core.gate import GatePolicy
 # RELAY_WORKER_STICKY_TIMEOUT_SECS unset (``Settings.worker_sticky_timeout``), and a worker built without settings:
 # the SDK's own default. 1 s made a SIGKILLed worker's timers later by at most 1 s instead of 10 s, but under a burst
 # (a gateway's executors moving at once, deaths at once) nearly every task timed out on its sticky queue and loaded
-# the server with a second dispatch and a whole-history fetch: README, "Capacity". A SIGTERMed worker tells the
-# server its sticky queue is gone, so a deploy costs no lateness at either value.
+# the server with a second dispatch and a whole-history fetch: docs/pages/guides/scaling.md. A SIGTERMed worker tells
+# the server its sticky queue is gone, so a deploy costs no lateness at either value.
 DEFAULT_WORKER_STICKY_TIMEOUT = timedelta(seconds=10)
 
 
@@ -40,7 +40,8 @@ class DatabasePool:
 
 
 class Settings(BaseSettings):
-    """Every ``RELAY_*`` environment setting, with its default (the README's Configuration table lists them)."""
+    """Every ``RELAY_*`` environment setting, with its default (docs/pages/reference/settings.md lists them, with what
+    each means)."""
 
     # Inputs hidden in validation errors: they would print secrets (a key, a database URL with its password).
     model_config = SettingsConfigDict(env_prefix="RELAY_", extra="ignore", hide_input_in_errors=True)

@@ -1,4 +1,4 @@
-"""The recovery of a DEAD executor, step by step as the README tells it, and the fence around it.
+"""The recovery of a DEAD executor, step by step as docs/pages/concepts/recovery.md tells it, and the fence around it.
 
 The fence (``_confirm_gone`` before DEAD, ``_still_gone`` and ``_dispatch``'s last look before every request) asks
 the gateway that last held the executor, and calls recovery off when the executor is back. The recovery
@@ -229,10 +229,11 @@ class RecoverySteps(LifecycleBase):
 
     async def _recover(self, declared: DeclaredDead | None = None) -> tuple[Candidate, int] | None:
         """Recover until a peer confirms it, never giving up while the app exists; None when called off before a
-        request went out (the executor holds a live socket after all). The README's story, step by step: the gate
-        admits (``_admitted``), a peer is found or waited for (``_peer``), the fence looks again (``_still_gone``),
-        the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries another.
-        ``declared``: the first steps' answers, asked with DEAD (``declare_dead``), taken up in place of asking."""
+        request went out (the executor holds a live socket after all). The story of docs/pages/concepts/recovery.md,
+        step by step: the gate admits (``_admitted``), a peer is found or waited for (``_peer``), the fence looks again
+        (``_still_gone``), the request goes out and is confirmed (``_dispatch_and_confirm``); a failure backs off, tries
+        another. ``declared``: the first steps' answers, asked with DEAD (``declare_dead``), taken up in place of
+        asking."""
         run = _Recovery(version=self._version(), declared=declared)
         back = self._back
         while True:

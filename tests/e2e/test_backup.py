@@ -1,4 +1,5 @@
-"""The README's backup runbook, on Debian's PostgreSQL: Relay's database alone is enough to carry on.
+"""The backup runbook (docs/pages/guides/backup-restore.md), on Debian's PostgreSQL: Relay's database alone is enough to
+carry on.
 
 ``pg_dump`` of Relay's database while an executor is DISCONNECTED (its grace running), restored into a fresh
 database, Relay started on it with a fresh Temporal (a new data dir: Temporal's state is not restored): the keys

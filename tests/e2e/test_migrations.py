@@ -28,7 +28,7 @@ from tests.unit.test_migrations import (
     schema_differences,
 )
 
-# Asserts no timing: `make test` runs it two at a time with the others so marked (README, "Tests").
+# Asserts no timing: `make test` runs it two at a time with the others so marked (docs/pages/contributing/tests.md).
 pytestmark = pytest.mark.concurrent
 
 

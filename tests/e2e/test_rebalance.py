@@ -1,7 +1,7 @@
 """Gateways that stay balanced (``gateway.balance``) behind the shipped HAProxy configuration (Debian's haproxy,
-``leastconn``): two `relay gateway`s rolled one at a time as the README's procedure says (SIGTERM, wait for the exit,
-start the replacement, wait until the load balancer has it UP), then the sockets, all on the gateway restarted first,
-spread back to within 10 % of even, with no executor DISCONNECTED for it and none DEAD.
+``leastconn``): two `relay gateway`s rolled one at a time as the compose guide's procedure says (SIGTERM, wait for the
+exit, start the replacement, wait until the load balancer has it UP), then the sockets, all on the gateway restarted
+first, spread back to within 10 % of even, with no executor DISCONNECTED for it and none DEAD.
 
 The rebalance runs on its defaults (a check every 5 s, 5 a second, a 10 s handoff); the executors are protocol
 clients that reconnect as the SDKs do after a close. Units of the balancer: tests/unit/test_balance.py.
@@ -165,7 +165,7 @@ def test_after_a_rolling_restart_the_sockets_spread_back_within_ten_percent(flee
         assert len(_audit(fleet.db, "executor.disconnected")) == disconnects_at_roll
         assert len(rebalanced) > rebalances_at_roll
         assert all(peer.handshakes >= 2 for peer in peers)  # each moved at least once, as the drains made them
-        # What a drain costs an executor (README, "Rolling a deploy"): briefly DISCONNECTED, an
+        # What a drain costs an executor (docs/pages/guides/compose.md, "Rolling a deploy"): briefly DISCONNECTED, an
         # executor.disconnected row per drain it went through, each followed by its new connection's row
         # (executor.reconnected; executor.superseded when that reached its workflow before the close did). The
         # rebalance's moves add superseded rows, never a disconnected one.
@@ -191,7 +191,7 @@ def test_a_drain_on_postgresql_writes_each_disconnect_once_with_no_traceback(fle
     with lb.api() as api:
         assert api.put(f"/v2/orgs/local/apps/{APP}").status_code == 204
         assert api.patch(f"/v2/orgs/local/apps/{APP}", json={"executorTimeoutSecs": GRACE}).status_code == 204
-    # Two workers, as the README's production topology runs: the workflows' writes come from both.
+    # Two workers, as the production topology runs (docs/pages/guides/compose.md): the workflows' writes come from both.
     fleet.processes.append(Process([str(VENV_BIN / "relay"), "worker"], env=fleet.env,
                                    log=lb.data_dir / "worker-2.log"))
     ids = [f"x{n:02d}" for n in range(EXECUTORS)]

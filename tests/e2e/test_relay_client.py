@@ -239,20 +239,22 @@ def test_what_the_release_moved_out_of_its_mit_package_is_a_501_naming_it(
     assert (imported.status, imported.executor_id) == ("failure", executor_id)
 
 
-README = Path(__file__).parents[2] / "README.md"
+CONNECTING = Path(__file__).parents[2] / "docs" / "pages" / "getting-started" / "connecting.md"
 # An import body the client refuses before reading it: gzipped text, made here, not a real export.
 NOT_A_WORKFLOW = base64.b64encode(gzip.compress(b"not an exported workflow")).decode()
 
 
 @pytest.mark.concurrent  # outcomes only: beside another test (tests/tiers.py)
-def test_the_readmes_example_connects(relay: Relay, tmp_path: Path) -> None:
-    """The README's "Connecting an executor" example, as written (only the port is this Relay's), run by the venv
-    that has dbos 3.4.0 and relay-dbos installed from the checkout: the executor is HEALTHY with its own UUID."""
-    text = README.read_text()
-    section = text[text.index("## Connecting an executor"):]
+def test_the_docs_example_connects(relay: Relay, tmp_path: Path) -> None:
+    """The docs' example of Relay's Python client ("Connecting an executor", dbos 3.3 and 3.4), as written (only the
+    port is this Relay's), run by the venv that has dbos 3.4.0 and relay-dbos installed from the checkout: the
+    executor is HEALTHY with its own UUID."""
+    text = CONNECTING.read_text()
+    section = text[text.index("### Python: dbos 3.3 and 3.4"):]
     source = re.search(r"^```python\n(.*?)^```", section, re.S | re.M)
     assert source is not None
-    example = source.group(1).replace("ws://127.0.0.1:8090/", relay.ws_url)
+    # Up to the "..." that stands for the application's own work (its shutdown lines after it are not run here).
+    example = source.group(1).split("\n...\n")[0].replace("ws://127.0.0.1:8090/", relay.ws_url) + "\n"
     (tmp_path / "example.py").write_text(example + "assert relay.wait_connected()\nimport time\ntime.sleep(3600)\n")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "RELAY_API_KEY": relay.key}
     with relay.api() as api:

@@ -1,5 +1,5 @@
-"""The README's visibility queries find what they promise, on the dev server (the time-skipping server has no
-visibility)."""
+"""The docs' visibility queries (concepts/lifecycle.md) find what they promise, on the dev server (the time-skipping
+server has no visibility)."""
 
 from __future__ import annotations
 

@@ -9,8 +9,9 @@ written. A workflow that continued-as-new is written as ``<scenario>.<n>.json``,
 replayer replays one run at a time. A scenario recorded with a lowered ``SIGNAL_BUDGET`` carries
 ``signal-budget-<n>`` in its name: the replay test reads the budget back from there.
 
-Fixtures are history: once one is committed, re-record it only on purpose (see the README, "Changing a
-workflow"), since replaying the old recording is what proves a change compatible with running workflows.
+Fixtures are history: once one is committed, re-record it only on purpose (see
+docs/pages/contributing/changing-a-workflow.md), since replaying the old recording is what proves a change compatible
+with running workflows.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The Temporal-actions count of the README (``tests.bench.actions``), on recorded histories counted by hand."""
+"""The Temporal-actions count of the docs (guides/scaling.md) (``tests.bench.actions``), on recorded histories counted
+by hand."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Imports between Relay's top-level packages point one way (README, "Code map"). A forbidden import fails here,
-whether at module level or inside a function."""
+"""Imports between Relay's top-level packages point one way (docs/pages/contributing/architecture.md). A forbidden
+import fails here, whether at module level or inside a function."""
 
 from __future__ import annotations
 

@@ -1,12 +1,12 @@
 """Replay the recorded histories in ``tests/histories/`` against the current workflow code.
 
 A history that no longer replays means the code would break workflows running in production (Temporal replays
-their history on the new code): guard the change with ``workflow.patched`` instead (README, "Changing a
-workflow"). The histories in ``tests/histories/retired/`` are those of lifecycle generations (and patches) whose
-branches were removed on purpose (docs/pages/contributing/patch-policy.md): each must now fail to replay, as a
-run of them still open would, and `relay patches check` must name their generations. The mutant tests prove the
-check has teeth: copies of the workflow modules with an activity call moved, dropped or a timer added must each
-fail to replay. The lifecycle workflow is one class in three modules
+their history on the new code): guard the change with ``workflow.patched`` instead
+(docs/pages/contributing/changing-a-workflow.md). The histories in ``tests/histories/retired/`` are those of lifecycle
+generations (and patches) whose branches were removed on purpose (docs/pages/contributing/patch-policy.md): each must
+now fail to replay, as a run of them still open would, and `relay patches check` must name their generations. The mutant
+tests prove the check has teeth: copies of the workflow modules with an activity call moved, dropped or a timer added
+must each fail to replay. The lifecycle workflow is one class in three modules
 (``lifecycle_base``, ``recovery``, ``lifecycle``): each mutant changes one of them, and the copies import each
 other, so a mutation reaches the workflow wherever its code lives.
 """
@@ -141,7 +141,7 @@ async def test_recorded_history_replays(folder: Path, monkeypatch: pytest.Monkey
     broken = {name: failure for name, failure in failures.items() if failure is not None}
     assert paths and not broken, (
         f"{', '.join(broken)} no longer replay: {broken!r}. Running workflows would fail the same way; guard the "
-        "change with workflow.patched (README: Changing a workflow)"
+        "change with workflow.patched (docs/pages/contributing/changing-a-workflow.md)"
     )
 
 
