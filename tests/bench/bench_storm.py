@@ -123,6 +123,9 @@ def _p4(stack: Stack, gen: Generator, start: int, count: int, spread: float,
     # The whole way, close to DEAD past the grace: what the two figures above add up to for each executor.
     close_to_dead = [dead[e] - closed[e] - P4_GRACE for e in closed]
     to_deleted = [deleted[e] - dead[e] for e in deleted]
+    # The whole way to the end, close to the record deleted (recovered and confirmed), past the grace; those not
+    # deleted in time are left out here and counted in ``recovered``.
+    close_to_deleted = [deleted[e] - closed[e] - P4_GRACE for e in deleted]
     failures = stack.audit_reasons(P3_APP, "executor.recovery.failed", since=since)
     return {
         "closed": len(closed), "spread_s": spread,
@@ -131,6 +134,8 @@ def _p4(stack: Stack, gen: Generator, start: int, count: int, spread: float,
         "dead_p50_s": percentile(to_dead, 50), "dead_p99_s": percentile(to_dead, 99), "dead_max_s": max(to_dead),
         "dead_min_s": min(to_dead),
         "close_to_dead_p50_s": percentile(close_to_dead, 50), "close_to_dead_p99_s": percentile(close_to_dead, 99),
+        "close_to_deleted_p50_s": percentile(close_to_deleted, 50),
+        "close_to_deleted_p99_s": percentile(close_to_deleted, 99),
         "recovered": len(deleted), "recovery_p50_s": percentile(to_deleted, 50),
         "recovery_p99_s": percentile(to_deleted, 99), "recovery_attempts_failed": sum(failures.values()),
         "recovery_failure_reasons": dict(failures.most_common(3)),
@@ -239,6 +244,10 @@ def run(results: Results) -> None:
             results.absolute("P4", f"DEAD - DISCONNECTED - grace, p99 ({mode})", m["dead_p99_s"], "s", at_most=1.0)
             results.absolute("P4", f"DEAD - close - grace, p99 ({mode})", m["close_to_dead_p99_s"], "s",
                              note="the two figures above end to end, per executor: how late DEAD is for the executor")
+            results.absolute("P4", f"deleted - close - grace, p99 ({mode})", m["close_to_deleted_p99_s"], "s",
+                             at_most=5.0, note="recovered, confirmed and its record deleted, per executor: the "
+                                               "time its workflows stood still past the grace")
+            results.absolute("P4", f"recovered and deleted ({mode})", m["recovered"], "", equals=count)
 
         log("P6: reconnect storm")
         p6 = _p6(stack, gen, n)
