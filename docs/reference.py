@@ -56,22 +56,15 @@ def _default(value: object) -> str:
     return "empty" if value == "" else f"`{value}`"
 
 
+# A constraint of a setting's field (annotated_types, as pydantic records them), its value's name, and how it reads.
+BOUNDS = ((annotated_types.Ge, "ge", "≥ {}"), (annotated_types.Gt, "gt", "> {}"), (annotated_types.Le, "le", "≤ {}"),
+          (annotated_types.Lt, "lt", "< {}"), (annotated_types.MinLen, "min_length", "at least {} characters"),
+          (annotated_types.MaxLen, "max_length", "at most {} characters"))
+
+
 def _range(field: FieldInfo) -> str:
-    bounds = []
-    for constraint in field.metadata:
-        if isinstance(constraint, annotated_types.Ge):
-            bounds.append(f"≥ {constraint.ge}")
-        if isinstance(constraint, annotated_types.Gt):
-            bounds.append(f"> {constraint.gt}")
-        if isinstance(constraint, annotated_types.Le):
-            bounds.append(f"≤ {constraint.le}")
-        if isinstance(constraint, annotated_types.Lt):
-            bounds.append(f"< {constraint.lt}")
-        if isinstance(constraint, annotated_types.MinLen):
-            bounds.append(f"at least {constraint.min_length} characters")
-        if isinstance(constraint, annotated_types.MaxLen):
-            bounds.append(f"at most {constraint.max_length} characters")
-    return ", ".join(bounds)
+    return ", ".join(text.format(getattr(constraint, attribute)) for constraint in field.metadata
+                     for kind, attribute, text in BOUNDS if isinstance(constraint, kind))
 
 
 def settings_page() -> str:
