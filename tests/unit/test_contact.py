@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -378,9 +379,20 @@ async def test_a_row_read_before_the_signal_but_handed_over_late_still_writes_th
     store = _moving(tmp_path)
     rows_seen = store.rows_seen
 
+    # Ordered by events, not by sleeps racing each other (under load the reading thread could start late):
+    # the row is read, then handed over only once the loop is busy, and the loop stays busy until it was.
+    blocked, returned = threading.Event(), threading.Event()
+
     def in_the_blocked_time(executors: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Any]:
-        time.sleep(0.1)  # returns while the loop is blocked (from 0.02 s to 0.32 s), after the wait began
-        return rows_seen(executors)
+        seen = rows_seen(executors)  # read before the signal is sent
+        blocked.wait(10)  # handed over while the loop is busy, after the wait for it began
+        returned.set()
+        return seen
+
+    def busy_loop() -> None:
+        blocked.set()
+        returned.wait(10)
+        time.sleep(0.05)  # the reading thread stamps the read as it hands it over
 
     monkeypatch.setattr(store, "rows_seen", in_the_blocked_time)
     client = LandingClient()
@@ -389,7 +401,7 @@ async def test_a_row_read_before_the_signal_but_handed_over_late_still_writes_th
     try:
         mover = _held(gateway, "mover", "c-here", landed=False)
         assert mover.signal is not None
-        asyncio.get_running_loop().call_later(0.02, time.sleep, 0.3)  # the loop, busy past the wait
+        asyncio.get_running_loop().call_later(0.02, busy_loop)  # the loop, busy past the wait
         assert await gateway.signal_connected("o", "a", mover.signal)
         assert client.landed == ["c-here"] and mover.landed
         row = store.registry_row("o", "a", "mover")
