@@ -1,8 +1,10 @@
 """The recovery gate: whether a DEAD executor's recovery may go now, or must wait, and until when.
 
-Pure logic, no I/O: ``core.store.Store.admit_recovery`` loads an app's gate, pause, tickets and registry under the
-gate's row lock, calls ``admit``, and writes back what it changed. The lifecycle workflow asks before a recovery's
-first request and, told to wait, waits durably (a Temporal timer) and asks again.
+Pure logic, no I/O: ``core.store.Store.admit_recovery`` loads an app's gate, pause and the asking executor's ticket
+under the gate's row lock, calls ``admit`` with a ``Fleet`` that counts the storm in the database, and writes back
+what it changed. ``InMemory`` is the same fleet as plain mappings (the decision's tests, and its definition). The
+lifecycle workflow asks before a recovery's first request and, told to wait, waits durably (a Temporal timer) and
+asks again.
 
 - **Pause.** While an operator's pause lasts, nothing is let through; a held recovery asks again at the pause's end
   or every ``pause_recheck``, whichever is sooner (so a pause lifted early is noticed soon). Its ticket is marked
@@ -28,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Protocol
 
 # A paced recovery is let through no sooner than this share of the pace after the last one let through.
 SPACING = 0.75
@@ -95,12 +98,12 @@ def breaker_event_key(org: str, app: str, trip: int) -> str:
     return f"recovery-breaker/{org}/{app}/{trip}"
 
 
-def storm_size(now: datetime, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket],
-               policy: GatePolicy, *, healthy_left_out: int = 0) -> tuple[int, int]:
-    """``(down, population)``: the executors gone down within the window, and the app's executors then.
+def storm_size(since: datetime, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket], *,
+               healthy_left_out: int = 0) -> tuple[int, int]:
+    """``(down, population)``: the executors gone down since ``since`` (the window's start), and the app's executors
+    then.
 
     ``healthy_left_out``: HEALTHY executors without a ticket that ``registry`` leaves out (they only count)."""
-    since = now - policy.window
     recent = {i for i, t in tickets.items() if t.died_at >= since}
     down = {i for i in recent if not tickets[i].paused}
     down |= {i for i, row in registry.items()
@@ -112,10 +115,9 @@ def tripping(down: int, population: int, policy: GatePolicy) -> bool:
     return down >= policy.storm_min and down >= policy.storm_share * population
 
 
-def storm_over(now: datetime, executor_id: str, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket],
-               policy: GatePolicy) -> bool:
-    """No other death within the window, and every other DEAD executor's ticket let through."""
-    since = now - policy.window
+def storm_over(since: datetime, executor_id: str, registry: Mapping[str, Registered],
+               tickets: Mapping[str, Ticket]) -> bool:
+    """No other death since ``since`` (the window's start), and every other DEAD executor's ticket let through."""
     others = {i: t for i, t in tickets.items() if i != executor_id}
     quiet = all(t.died_at < since for t in others.values())
     done = all(t.granted_at is not None for i, t in others.items()
@@ -123,9 +125,44 @@ def storm_over(now: datetime, executor_id: str, registry: Mapping[str, Registere
     return quiet and done
 
 
+class Fleet(Protocol):
+    """What the breaker reads of the app beyond the asking executor's own ticket: the other deaths, as two
+    questions. ``InMemory`` answers them from mappings; the store (``core.store.gate``) with counts in the
+    database, so that an admission costs the same whatever the size of the storm."""
+
+    def storm_size(self, since: datetime, executor_id: str, ticket: Ticket) -> tuple[int, int]:
+        """``storm_size`` with ``executor_id``'s ticket being ``ticket`` (whatever is stored)."""
+        ...
+
+    def storm_over(self, since: datetime, executor_id: str) -> bool:
+        """``storm_over``: no other death since ``since``, every other DEAD executor's ticket let through."""
+        ...
+
+
+@dataclass(frozen=True)
+class InMemory:
+    """The app as mappings (``Fleet``).
+
+    Attributes:
+        registry: the app's executors by id: at least every one not HEALTHY and every one with a ticket.
+        tickets: the app's stored tickets by id.
+        healthy_left_out: how many of the app's executors ``registry`` leaves out (HEALTHY, without a ticket).
+    """
+
+    registry: Mapping[str, Registered]
+    tickets: Mapping[str, Ticket]
+    healthy_left_out: int = 0
+
+    def storm_size(self, since: datetime, executor_id: str, ticket: Ticket) -> tuple[int, int]:
+        tickets = {**{i: t for i, t in self.tickets.items() if i != executor_id}, executor_id: ticket}
+        return storm_size(since, self.registry, tickets, healthy_left_out=self.healthy_left_out)
+
+    def storm_over(self, since: datetime, executor_id: str) -> bool:
+        return storm_over(since, executor_id, self.registry, self.tickets)
+
+
 def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, breaker: Breaker,
-          pause_until: datetime | None, registry: Mapping[str, Registered], tickets: Mapping[str, Ticket],
-          policy: GatePolicy, healthy_left_out: int = 0) -> tuple[Ticket, Decision]:
+          pause_until: datetime | None, fleet: Fleet, policy: GatePolicy) -> tuple[Ticket, Decision]:
     """Decide for ``executor_id``'s death ``key`` at ``now``. Updates ``breaker`` in place; returns the ticket to
     store (new when ``ticket`` is None or about an earlier death) and the decision.
 
@@ -133,9 +170,7 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
         ticket: the executor's stored ticket, if any.
         breaker: the app's gate.
         pause_until: the app's pause, if any (expired or not).
-        registry: the app's executors by id: at least every one not HEALTHY and every one with a ticket.
-        tickets: every stored ticket of the app by id (``ticket`` among them).
-        healthy_left_out: how many of the app's executors ``registry`` leaves out (HEALTHY, without a ticket).
+        fleet: the app's other executors and tickets, as the breaker reads them.
     """
     if ticket is None or ticket.key != key:
         ticket = Ticket(key=key, died_at=now)
@@ -148,12 +183,11 @@ def admit(*, executor_id: str, key: str, now: datetime, ticket: Ticket | None, b
     storm: dict[str, int] = {}
     trip = 0
     if ticket.slot_at is None:
-        if breaker.tripped_at is not None and storm_over(now, executor_id, registry, tickets, policy):
+        since = now - policy.window
+        if breaker.tripped_at is not None and fleet.storm_over(since, executor_id):
             breaker.tripped_at, reset = None, True
         if breaker.tripped_at is None and not ticket.paused:
-            others = {i: t for i, t in tickets.items() if i != executor_id}
-            down, population = storm_size(now, registry, {**others, executor_id: ticket}, policy,
-                                          healthy_left_out=healthy_left_out)
+            down, population = fleet.storm_size(since, executor_id, ticket)
             if tripping(down, population, policy):
                 breaker.tripped_at, breaker.trips, tripped = now, breaker.trips + 1, True
                 storm, trip = {"down": down, "population": population}, breaker.trips

@@ -25,7 +25,7 @@ from core.store.audit import API_KEY_SUBJECT, SYSTEM_SUBJECT, TOKEN_OPERATIONS, 
 from core.store.autoscale import AutoscaleStore
 from core.store.base import KEY_PREFIX, Principal, _SerialThread, hash_key, outage, unavailable
 from core.store.claims import MANAGEMENT_CLAIM_TTL, Candidates, ClaimsStore
-from core.store.gate import _TICKETS, TICKETS_KEPT, GateStore
+from core.store.gate import TICKETS_KEPT, GateStore
 from core.store.keys import AppAccess, KeysStore
 from core.store.registry import (
     RECOVERY_STEPS,
@@ -52,7 +52,6 @@ __all__ = [
     "SYSTEM_SUBJECT",
     "TICKETS_KEPT",
     "TOKEN_OPERATIONS",
-    "_TICKETS",
     "AppAccess",
     "BlockedRecovery",
     "Candidates",

@@ -47,10 +47,23 @@ _DRAINED = _ROUTABLE.with_only_columns(col(Executor.executor_id), col(Executor.a
 # among every HEALTHY executor of the app, and building an ORM object per row cost 25 ms at 1,000 executors, under the
 # database's write lock (a burst of deaths waited on it in line).
 _ELIGIBLE_PEERS = _ELIGIBLE.with_only_columns(col(Executor.executor_id), col(Executor.app_version))
-# One eligible peer of a version that no recovery claims and no recent ticket names (``busy``), at random.
+# One eligible peer of a version that is not busy, at random: no recovery claims it (but this death's own claim, a
+# retry's), no operator's request counting, no recent ticket names it as the peer of another death. Busy is decided in
+# the database: read into Python (every claim and ticket of the app, then a NOT IN of all their peers), each
+# selection of a burst of deaths cost as much as all the deaths before it.
 _IDLE_PEER = _ELIGIBLE_PEERS.where(
     col(Executor.app_version) == bindparam("version"),
-    col(Executor.executor_id).not_in(bindparam("busy", expanding=True))).order_by(func.random()).limit(1)
+    col(Executor.executor_id).not_in(bindparam("exclude", expanding=True)),
+    col(Executor.executor_id).not_in(select(RecoveryClaim.candidate_id).where(
+        RecoveryClaim.org == bindparam("org"), RecoveryClaim.app == bindparam("app"),
+        RecoveryClaim.dead_executor_id != bindparam("dead"))),
+    col(Executor.executor_id).not_in(select(ManagementClaim.candidate_id).where(
+        ManagementClaim.org == bindparam("org"), ManagementClaim.app == bindparam("app"),
+        col(ManagementClaim.claimed_at) >= bindparam("stale"))),
+    col(Executor.executor_id).not_in(select(RecoveryTicket.candidate_id).where(
+        RecoveryTicket.org == bindparam("org"), RecoveryTicket.app == bindparam("app"),
+        RecoveryTicket.executor_id != bindparam("dead"), col(RecoveryTicket.candidate_id).is_not(None))),
+).order_by(func.random()).limit(1)
 # Recording the claim: plain statements built once (the ORM's get, merge and refresh cost ~2 ms a death, under the
 # database's write lock in a burst of deaths).
 _PEER_ROW = select(*Executor.__table__.columns).where(  # type: ignore[attr-defined]
@@ -106,19 +119,19 @@ class ClaimsStore(StoreBase):
             application = find_app(s, org, app)
             stale = utcnow() - MANAGEMENT_CLAIM_TTL
             conn = s.connection()  # plain rows, not the ORM's: building them costs more than the query
-            claims = {c.dead_executor_id: c.candidate_id for c in conn.execute(_CLAIMS, {"org": org, "app": app})}
-            managed = list(conn.execute(_MANAGED, {"org": org, "app": app, "stale": stale}).scalars())
-            carried = Counter(t.candidate_id for t in conn.execute(_TICKET_PEERS, {"org": org, "app": app})
-                              if t.candidate_id and t.executor_id != dead_executor_id)
             # Most peers carry nothing: one of them, drawn at random in the database, is what the full choice
             # would pick (its least-busy tie). Only when every peer of the version is busy (or excluded) is every
             # eligible peer read and ranked: at 1,000 executors that read cost a burst of deaths 20 ms each.
-            busy = ({peer for dead, peer in claims.items() if dead != dead_executor_id} | set(managed) | set(carried)
-                    | set(exclude))
             idle = conn.execute(_IDLE_PEER, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY,
-                                             "now": utcnow(), "version": app_version, "busy": sorted(busy)}).first()
+                                             "now": utcnow(), "version": app_version, "exclude": sorted(exclude),
+                                             "dead": dead_executor_id, "stale": stale}).first()
             found: tuple[Any, bool] | None = (idle, False) if idle is not None else None
             if found is None:
+                claims = {c.dead_executor_id: c.candidate_id for c in conn.execute(_CLAIMS, {"org": org,
+                                                                                              "app": app})}
+                managed = list(conn.execute(_MANAGED, {"org": org, "app": app, "stale": stale}).scalars())
+                carried = Counter(t.candidate_id for t in conn.execute(_TICKET_PEERS, {"org": org, "app": app})
+                                  if t.candidate_id and t.executor_id != dead_executor_id)
                 healthy = conn.execute(_ELIGIBLE_PEERS, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY,
                                                        "now": utcnow()}).all()
                 found = candidates.select_candidate(

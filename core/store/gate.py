@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, func
+from sqlalchemy import Connection, bindparam, exists, func, union
 from sqlalchemy import delete as sa_delete
-from sqlmodel import Session, col, or_, select
+from sqlmodel import Session, col, select
 
 from core import gate, units
 from core.errors import NotFoundError
@@ -22,18 +22,64 @@ from core.units import utcnow
 # Let-through tickets are kept this long (or a storm window, if longer): they spread recoveries over the peers.
 TICKETS_KEPT = timedelta(hours=1)
 
-# What the recovery gate reads of the registry (``core.gate.Registered``): plain rows of the executors that are not
-# HEALTHY or hold a ticket, and how many executors the app has; every admission of a burst of deaths runs this under
-# the database's write lock, so it must not grow with the app's healthy executors.
-_REGISTERED = select(Executor.executor_id, Executor.status, Executor.updated_at).where(
-    Executor.org == bindparam("org"), Executor.app == bindparam("app"),
-    or_(Executor.status != bindparam("healthy"), col(Executor.executor_id).in_(bindparam("ids", expanding=True))))
-_POPULATION = select(func.count()).select_from(Executor).where(Executor.org == bindparam("org"),
-                                                               Executor.app == bindparam("app"))
-_TICKETS = select(*RecoveryTicket.__table__.columns).where(  # type: ignore[attr-defined]
-    col(RecoveryTicket.org) == bindparam("org"), col(RecoveryTicket.app) == bindparam("app"),
-    or_(col(RecoveryTicket.died_at) >= bindparam("since"), col(RecoveryTicket.granted_at).is_(None),
-        col(RecoveryTicket.executor_id) == bindparam("me")))
+# What the breaker reads of an app (``core.gate.Fleet``), as counts in the database, on the admission's connection.
+# Reading the rows instead (every down executor and every recent ticket, into Python) made each admission of a burst
+# of deaths cost as much as all the deaths before it: at 1,000 at once, 41 % of the worker's CPU, under the database's
+# write lock (``python -m tests.bench.profile cpu-burst``). Each of these is a few index range scans in the database.
+_T, _E = RecoveryTicket.__table__, Executor.__table__  # type: ignore[attr-defined]
+_T2 = _T.alias("mine_paused")
+_APP_T = (_T.c.org == bindparam("org"), _T.c.app == bindparam("app"))
+_APP_E = (_E.c.org == bindparam("org"), _E.c.app == bindparam("app"))
+# Another executor's ticket of a death since the window began.
+_OTHERS_RECENT = (*_APP_T, _T.c.executor_id != bindparam("me"), _T.c.died_at >= bindparam("since"))
+# A registry row gone down since the window began, unless its own recent ticket waited for a pause.
+_ROW_DOWN = (*_APP_E, _E.c.status.in_([ExecutorStatus.DISCONNECTED, ExecutorStatus.DEAD]),
+             _E.c.updated_at >= bindparam("since"),
+             ~exists().where(_T2.c.org == _E.c.org, _T2.c.app == _E.c.app, _T2.c.executor_id == _E.c.executor_id,
+                             _T2.c.died_at >= bindparam("since"), _T2.c.paused.is_(True)))
+# The others gone down (each once: a recent ticket, or a row gone down, or both).
+_DOWN_OTHERS = select(func.count()).select_from(union(
+    select(_T.c.executor_id).where(*_OTHERS_RECENT, _T.c.paused.is_(False)),
+    select(_E.c.executor_id).where(*_ROW_DOWN, _E.c.executor_id != bindparam("me"))).subquery())
+# The asker's own row gone down.
+_ME_DOWN = select(func.count()).select_from(_E).where(*_ROW_DOWN, _E.c.executor_id == bindparam("me"))
+# The app's executors, and the others that died within the window and have no registry row (deleted: recovered).
+_POPULATION = select(func.count()).select_from(_E).where(*_APP_E)
+_GONE_RECENT = select(func.count()).select_from(_T).where(*_OTHERS_RECENT, ~exists().where(
+    _E.c.org == _T.c.org, _E.c.app == _T.c.app, _E.c.executor_id == _T.c.executor_id))
+_ME_REGISTERED = select(func.count()).select_from(_E).where(*_APP_E, _E.c.executor_id == bindparam("me"))
+# ``core.gate.storm_over``'s two conditions, as the existence of what breaks them.
+_ANOTHER_RECENT = select(exists().where(*_OTHERS_RECENT))
+_ANOTHER_WAITING = select(exists().where(*_APP_T, _T.c.executor_id != bindparam("me"), _T.c.granted_at.is_(None),
+                                         exists().where(_E.c.org == _T.c.org, _E.c.app == _T.c.app,
+                                                        _E.c.executor_id == _T.c.executor_id,
+                                                        _E.c.status == ExecutorStatus.DEAD)))
+
+
+class _Counted:
+    """``core.gate.Fleet`` as counts in the database (``core.gate.InMemory``'s answers, the same by
+    tests/unit/test_gate.py on both databases), on the connection holding the gate's row lock."""
+
+    def __init__(self, c: Connection, org: str, app: str) -> None:
+        self._c, self._org, self._app = c, org, app
+
+    def _scalar(self, statement: Any, **params: Any) -> Any:
+        return self._c.execute(statement, {"org": self._org, "app": self._app, **params}).scalar_one()
+
+    def storm_size(self, since: datetime, executor_id: str, ticket: gate.Ticket) -> tuple[int, int]:
+        at = {"me": executor_id, "since": since}
+        recent = ticket.died_at >= since
+        down = self._scalar(_DOWN_OTHERS, **at) + int(
+            (recent and not ticket.paused) or (not (recent and ticket.paused) and self._scalar(_ME_DOWN, **at) > 0))
+        population = self._scalar(_POPULATION) + self._scalar(_GONE_RECENT, **at) + int(
+            recent and not self._scalar(_ME_REGISTERED, me=executor_id))
+        return down, population
+
+    def storm_over(self, since: datetime, executor_id: str) -> bool:
+        at = {"me": executor_id, "since": since}
+        return not self._scalar(_ANOTHER_RECENT, **at) and not self._scalar(_ANOTHER_WAITING, **at)
+
+
 # Statements built once (Core, on the session's connection, not ORM-enabled): built and compiled on every admission,
 # with the ORM's synchronization of the session, these two cost a burst of deaths ~2 ms each under the write lock.
 _GATES = InsertOnce(RecoveryGate, "org", "app")
@@ -171,35 +217,21 @@ class GateStore(StoreBase):
         with Session(self.engine) as s:
             row = _GATES.lock(s, RecoveryGate(org=org, app=app))
             row.version += 1
-            # Plain rows, not the ORM's (a burst of deaths reads every ticket on every admission); the one this
-            # admission writes is loaded as an object below.
-            c = s.connection()
-            # Only the tickets the gate can read: deaths within its window, tickets not yet let through, and this
-            # executor's own. A finished ticket older than the window changes no decision (``core.gate``): reading
-            # every ticket of the last hour made each admission of a storm cost as much as all the deaths before it.
-            stored = {t.executor_id: t for t in c.execute(_TICKETS, {"org": org, "app": app, "me": executor_id,
-                                                                     "since": now - policy.window})}
-            # The gate reads the executors that are down or hold a ticket; the others (HEALTHY) only as a count.
-            registry = {e.executor_id: gate.Registered(str(e.status), e.updated_at) for e in c.execute(
-                _REGISTERED, {"org": org, "app": app, "healthy": ExecutorStatus.HEALTHY,
-                              "ids": [executor_id, *stored]})}
-            population = c.execute(_POPULATION, {"org": org, "app": app}).scalar_one()
             pause = s.get(RecoveryPause, (org, app))
+            own = s.get(RecoveryTicket, (org, app, executor_id))
             breaker = gate.Breaker(row.tripped_at, row.trips, row.last_slot_at, row.last_granted_at)
-            tickets = {i: _ticket(t) for i, t in stored.items()}
             mine, decision = gate.admit(
-                executor_id=executor_id, key=ticket, now=now, ticket=tickets.get(executor_id), breaker=breaker,
-                pause_until=pause.until if pause else None, registry=registry, tickets=tickets, policy=policy,
-                healthy_left_out=population - len(registry))
+                executor_id=executor_id, key=ticket, now=now, ticket=_ticket(own) if own is not None else None,
+                breaker=breaker, pause_until=pause.until if pause else None, fleet=_Counted(s.connection(), org, app),
+                policy=policy)
             row.tripped_at, row.trips = breaker.tripped_at, breaker.trips
             row.last_slot_at, row.last_granted_at = breaker.last_slot_at, breaker.last_granted_at
             s.add(row)
-            own = s.get(RecoveryTicket, (org, app, executor_id)) if executor_id in stored else None
             _store_ticket(s, own, mine, org=org, app=app, executor_id=executor_id)
             _gate_audit(s, decision, org=org, app=app, executor_id=executor_id, trips=breaker.trips,
                         policy=policy, event_key=event_key)
             kept = now - max(policy.window, TICKETS_KEPT)  # finished tickets stop counting after a while
-            c.execute(_PRUNE_TICKETS, {"org": org, "app": app, "me": executor_id, "kept": kept})
+            s.connection().execute(_PRUNE_TICKETS, {"org": org, "app": app, "me": executor_id, "kept": kept})
             if own is not None and mine.granted_at is not None and mine.died_at < kept:
                 s.delete(own)
             s.commit()

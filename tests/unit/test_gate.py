@@ -13,13 +13,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy import delete as sa_delete
 from sqlmodel import Session, select
 
 from core import gate
 from core.candidates import select_candidate
 from core.gate import PACED, PAUSED, Breaker, GatePolicy, Registered, Ticket
-from core.models import AuditLog, ExecutorDrain, RecoveryTicket, make_engine
-from core.store import _TICKETS, Store
+from core.models import AuditLog, Executor, ExecutorDrain, RecoveryTicket, make_engine
+from core.store import Store
 from tests.postgres import postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
 
@@ -45,7 +46,7 @@ class Gate:
     def ask(self, executor_id: str, now: datetime, key: str = "k1") -> gate.Decision:
         ticket, decision = gate.admit(
             executor_id=executor_id, key=key, now=now, ticket=self.tickets.get(executor_id), breaker=self.breaker,
-            pause_until=self.pause_until, registry=self.registry, tickets=self.tickets, policy=self.policy)
+            pause_until=self.pause_until, fleet=gate.InMemory(self.registry, self.tickets), policy=self.policy)
         self.tickets[executor_id] = ticket
         return decision
 
@@ -444,10 +445,9 @@ def test_the_store_counts_the_healthy_it_does_not_load(store: Store, dead: int, 
     assert len(_audits(store, "app.recovery.breaker_tripped")) == trips
 
 
-def test_an_admission_reads_only_the_tickets_it_can_use(store: Store) -> None:
-    """Finished tickets older than the window change no decision: the admission does not read them (a storm's
-    admissions each read every ticket of the last hour before), keeps them for the peers' tie-break until
-    ``TICKETS_KEPT``, and deletes them after; a ticket not yet let through is read whatever its age."""
+def test_an_admission_prunes_old_finished_tickets_and_ignores_those_outside_the_window(store: Store) -> None:
+    """Finished tickets older than the window change no decision; they are kept for the peers' tie-break until
+    ``TICKETS_KEPT`` and deleted after; a ticket not yet let through is kept whatever its age."""
     for n in range(4):
         _record(store, f"e{n}")
     _record(store, "e0", ExecutorStatus.DEAD)
@@ -461,14 +461,67 @@ def test_an_admission_reads_only_the_tickets_it_can_use(store: Store) -> None:
             s.add(RecoveryTicket(org=ORG, app=APP, executor_id=f"older{n}", ticket="t", died_at=now - 7200 * S,
                                  slot_at=now - 7200 * S, granted_at=now - 7200 * S))
         s.add(RecoveryTicket(org=ORG, app=APP, executor_id="stuck", ticket="t", died_at=now - 30 * 60 * S,
-                             slot_at=now - 30 * 60 * S))  # never let through (a pause): still read
+                             slot_at=now - 30 * 60 * S))  # never let through (a pause): kept
         s.commit()
-    with Session(store.engine) as s:  # what the admission's query returns for e0
-        rows = [t.executor_id for t in s.connection().execute(
-            _TICKETS, {"org": ORG, "app": APP, "me": "e0", "since": now - POLICY.window})]
-    assert sorted(rows) == ["stuck"]
     decision = store.admit_recovery(org=ORG, app=APP, executor_id="e0", ticket="t", now=now, policy=POLICY)
-    assert decision.go and not decision.tripped
+    assert decision.go and not decision.tripped  # 2 of 5 down (e0, stuck): 36 old tickets are no storm
     with Session(store.engine) as s:
         left = {t.executor_id for t in s.exec(select(RecoveryTicket)).all()}
     assert left == {f"old{n}" for n in range(30)} | {"stuck", "e0"}
+
+
+def _random_app(store: Store, rng: random.Random, now: datetime) -> tuple[gate.InMemory, list[str]]:
+    """An app of random registry rows and tickets, written to ``store`` and returned as ``gate.InMemory``, and the
+    ids worth asking about (registered or not, with a ticket or not)."""
+    registry: dict[str, Registered] = {}
+    tickets: dict[str, Ticket] = {}
+    ago = [timedelta(seconds=s) for s in (-5, 0, 1, 30, 59, 60, 61, 120, 4000)]
+    with Session(store.engine) as s:
+        for n in range(rng.randrange(1, 40)):
+            executor_id = f"x{n}"
+            status = rng.choice(["HEALTHY", "HEALTHY", "DISCONNECTED", "DEAD"])
+            at = now - rng.choice(ago)
+            if rng.random() < 0.85:
+                registry[executor_id] = Registered(status, at)
+                s.add(Executor(org=ORG, app=APP, executor_id=executor_id, status=ExecutorStatus(status),
+                               created_at=at, updated_at=at))
+            if rng.random() < 0.5:
+                died = now - rng.choice(ago)
+                granted = died if rng.random() < 0.5 else None
+                ticket = Ticket(key=f"k{n}", died_at=died, slot_at=died, granted_at=granted,
+                                paused=rng.random() < 0.3)
+                tickets[executor_id] = ticket
+                s.add(RecoveryTicket(org=ORG, app=APP, executor_id=executor_id, ticket=ticket.key, died_at=died,
+                                     slot_at=died, granted_at=granted, paused=ticket.paused))
+        s.commit()
+    return gate.InMemory(registry, tickets), [*sorted(set(registry) | set(tickets)), "unknown"]
+
+
+def test_the_store_counts_a_storm_as_the_gate_defines_it(store: Store) -> None:
+    """The store's counting fleet (SQL counts, so an admission does not read the storm) answers as
+    ``gate.InMemory`` does (the definition), on 40 random apps: every executor asked about, with its stored ticket,
+    a fresh one, and a paused one."""
+    from core.store.gate import _Counted
+
+    rng = random.Random(51)
+    now = datetime.now(UTC)
+    since = now - POLICY.window
+    compared = 0
+    for _ in range(40):
+        with Session(store.engine) as s:
+            s.exec(sa_delete(RecoveryTicket))
+            s.exec(sa_delete(Executor))
+            s.commit()
+        fleet, asked = _random_app(store, rng, now)
+        with store.engine.connect() as c:
+            counted = _Counted(c, ORG, APP)
+            for executor_id in asked:
+                for ticket in (fleet.tickets.get(executor_id), Ticket(key="fresh", died_at=now),
+                               Ticket(key="paused", died_at=now - 5 * S, paused=True)):
+                    if ticket is None:
+                        continue
+                    assert counted.storm_size(since, executor_id, ticket) == fleet.storm_size(
+                        since, executor_id, ticket), (executor_id, ticket)
+                    compared += 1
+                assert counted.storm_over(since, executor_id) == fleet.storm_over(since, executor_id), executor_id
+    assert compared > 500
