@@ -21,6 +21,7 @@ from activities.database import database_calls
 from core import gateways, metrics, units
 from core.errors import NotFoundError
 from core.store import Store
+from core.store.registry import RecoveredRow
 from workflows.contracts.common import (
     Activity,
     Candidate,
@@ -131,11 +132,15 @@ class RegistryActivities:
 
     @activity.defn(name=Activity.DELETE_EXECUTOR)
     async def delete_executor(self, input: DeleteExecutorInput) -> None:
-        await self._db(
+        succeeded = input.succeeded
+        deleted = await self._db(
             self._store.delete_executor,
             org=input.org, app=input.app, executor_id=input.executor_id, event_key=input.event_key,
-            details=input.details,
+            details=input.details, recovered=RecoveredRow(succeeded.event_key, {
+                **succeeded.details, **units.rest_durations(succeeded.durations)}) if succeeded else None,
         )
+        if succeeded is not None and deleted.deleted:
+            _report_recovery(succeeded, deleted.dead_since)
 
     @activity.defn(name=Activity.DISCONNECT_GATEWAY_EXECUTORS)
     async def disconnect_gateway_executors(self, input: DisconnectGatewayInput) -> DisconnectGatewayResult:

@@ -64,7 +64,11 @@ class HubActivities:
         reply = await self._request(input.executor_id, input.request_id, frame, input)
         if not isinstance(reply.reply, wire.RecoveryReply):
             return RecoveryReply(False, reply.reply.error_message or f"unexpected {reply.reply.type} reply")
-        return RecoveryReply(reply.reply.success, reply.reply.error_message)
+        if not reply.reply.success or input.confirm is None:
+            return RecoveryReply(reply.reply.success, reply.reply.error_message)
+        # The confirmation, right away on the same socket: one activity (and one workflow task) where there were two.
+        return RecoveryReply(True, reply.reply.error_message,
+                             confirmed=await self.exist_pending_workflows(input.confirm))
 
     @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
     async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:

@@ -103,6 +103,9 @@ class FakeRelay:
     pending_replies: dict[str, list[ExistPendingReply]] = field(default_factory=dict)
     # When set, dispatch_recovery hangs (a peer that never answers) until this is set.
     dispatch_gate: asyncio.Event | None = None
+    # dispatch_recovery asks the confirmation it is given right after a successful recovery, as a gateway does;
+    # False: a gateway of older code, which ignores it (the workflow then asks with exist_pending_workflows).
+    confirms_with_request: bool = True
     # When set, record_status for "executor.healthy" waits for it (a slow registry write)...
     healthy_gate: asyncio.Event | None = None
     # ... and this is set once that write has begun.
@@ -262,6 +265,8 @@ class FakeRelay:
 
     @activity.defn(name=Activity.DELETE_EXECUTOR)
     async def delete_executor(self, input: DeleteExecutorInput) -> None:
+        if input.succeeded is not None:  # its audit row, in the same write
+            self._fail_first(await self._call(self.audit_calls, input.succeeded), input.succeeded.operation)
         await self._call(self.deletes, input)
 
     @activity.defn(name=Activity.ADMIT_RECOVERY)
@@ -320,10 +325,15 @@ class FakeRelay:
         reply = script.pop(0) if script else RecoveryReply(success=True)
         if isinstance(reply, Exception):
             raise reply
+        if reply.success and input.confirm is not None and self.confirms_with_request:
+            return RecoveryReply(True, reply.error_message, confirmed=await self._exist_pending(input.confirm))
         return reply
 
     @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
     async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:
+        return await self._exist_pending(input)
+
+    async def _exist_pending(self, input: ExistPendingInput) -> ExistPendingReply:
         await self._call(self.exist_calls, input)
         script = self.pending_replies.get(input.executor_id)
         return script.pop(0) if script else ExistPendingReply(exist=False)

@@ -17,7 +17,7 @@ from datetime import timedelta
 from temporalio import workflow
 
 from workflows.lifecycle_base import Removed
-from workflows.lifecycle_generations import GENERATION_3_PATCH, GENERATION_4_PATCH
+from workflows.lifecycle_generations import GENERATION_3_PATCH, GENERATION_4_PATCH, GENERATION_5_PATCH
 from workflows.recovery import RecoverySteps
 
 with workflow.unsafe.imports_passed_through():
@@ -64,7 +64,7 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
         self._stale_disconnects = 0
         self._removed: RemovedSignal | None = None
         self._peer_hint = False
-        self._generation_4 = False  # set first thing in run()
+        self._generation = 0  # set first thing in run()
 
     # -- signals -------------------------------------------------------------------------------------------
 
@@ -117,13 +117,17 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        # A new run writes generation 4's marker only. A run started on generation 3's code replays that one's:
-        # asked for here so that its marker meets a call (Core fails a recorded marker that no call asks for), its
-        # answer needed by nothing, every branch generation 3 stands for being the only one left. Older runs are
-        # not replayed (workflows/lifecycle_generations.py).
-        self._generation_4 = workflow.patched(GENERATION_4_PATCH)
-        if not self._generation_4:
+        # A new run writes generation 5's marker only. A run started on generation 4's or 3's code replays that
+        # one's: asked for here so that its marker meets a call (Core fails a recorded marker that no call asks
+        # for); generation 3's answer is needed by nothing, every branch it stands for being the only one left.
+        # Older runs are not replayed (workflows/lifecycle_generations.py).
+        if workflow.patched(GENERATION_5_PATCH):
+            self._generation = 5
+        elif workflow.patched(GENERATION_4_PATCH):
+            self._generation = 4
+        else:
             workflow.patched(GENERATION_3_PATCH)
+            self._generation = 3
         try:
             if input.orphan is not None and input.state is None:
                 # Started by the orphan sweep (a first run only: a continued run carries its state). With

@@ -86,6 +86,18 @@ DEAD_IN_ONE_STEP_PATCH = "dead-and-first-steps-in-one"
 UNCHANGED_STATUS_PATCH = "unchanged-status-not-upserted"
 # Generation 4: generation 3 and the two patches above.
 PATCHES_IN_GENERATION_4 = frozenset({DEAD_IN_ONE_STEP_PATCH, UNCHANGED_STATUS_PATCH})
+# From this patch on, the recovery request asks its gateway to confirm it too (``DispatchRecoveryInput.confirm``):
+# the gateway sends ``exist_pending_workflows`` on the same socket as soon as ``recovery`` succeeds, and the reply
+# carries both answers. The confirmation is the same question to the same peer, only one activity and one workflow
+# task sooner. A gateway that does not (older code) leaves ``confirmed`` unset, and the workflow asks as before.
+CONFIRM_WITH_REQUEST_PATCH = "confirmed-with-the-request"
+# From this patch on, a confirmed recovery's ``executor.recovery.succeeded`` row and the deletion are one local
+# activity (``DeleteExecutorInput.succeeded``), one transaction, where there were two of each.
+RECOVERED_IN_ONE_WRITE_PATCH = "recovered-and-deleted-in-one-write"
+# Generation 5: generation 4 and the two patches above.
+PATCHES_IN_GENERATION_5 = PATCHES_IN_GENERATION_4 | {CONFIRM_WITH_REQUEST_PATCH, RECOVERED_IN_ONE_WRITE_PATCH}
+# The patches each generation this code replays stands for (generation 3 stands for none still asked).
+PATCHES_BY_GENERATION = {4: PATCHES_IN_GENERATION_4, 5: PATCHES_IN_GENERATION_5}
 
 
 class LifecycleBase:
@@ -96,7 +108,7 @@ class LifecycleBase:
     _signals_this_run: int
     _removed: RemovedSignal | None
     _peer_hint: bool
-    _generation_4: bool  # the run has generation 4's marker; without it, generation 3's (the oldest replayed)
+    _generation: int  # the generation whose marker the run has: 5, 4 or 3 (the oldest replayed)
 
     def _check_removed(self) -> None:
         if self._removed is not None:
@@ -230,8 +242,8 @@ class LifecycleBase:
                                                      retry_policy=DB_RETRY)
 
     def _patched(self, patch_id: str) -> bool:
-        """``workflow.patched``, unless the run's generation already says (``PATCHES_IN_GENERATION_4``)."""
-        return (self._generation_4 and patch_id in PATCHES_IN_GENERATION_4) or workflow.patched(patch_id)
+        """``workflow.patched``, unless the run's generation already says (``PATCHES_BY_GENERATION``)."""
+        return patch_id in PATCHES_BY_GENERATION.get(self._generation, ()) or workflow.patched(patch_id)
 
     def _describe(self, note: str) -> None:
         """The workflow's current details in the Temporal UI: state, grace deadline, recovery progress."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 GENERATION_3_PATCH = "lifecycle-generation-3"
 GENERATION_4_PATCH = "lifecycle-generation-4"
+GENERATION_5_PATCH = "lifecycle-generation-5"
 # Every generation marker a lifecycle run has written, by its number; those this code no longer replays stay
 # listed, so the check names a run's generation rather than calling it unknown.
 GENERATIONS: dict[str, int] = {
@@ -19,9 +20,10 @@ GENERATIONS: dict[str, int] = {
     "lifecycle-generation-2": 2,
     GENERATION_3_PATCH: 3,
     GENERATION_4_PATCH: 4,
+    GENERATION_5_PATCH: 5,
 }
 # What a new run writes.
-NEWEST_GENERATION = 4
+NEWEST_GENERATION = 5
 # This code replays the runs of this generation and newer. An older run's history fails here with nondeterminism:
 # its generation's marker (or its first patch's) meets no ``workflow.patched`` call, which Core refuses.
 OLDEST_REPLAYED_GENERATION = 3

@@ -19,7 +19,14 @@ from temporalio.exceptions import ActivityError, CancelledError
 from temporalio.workflow import ActivityHandle
 
 from workflows import fence, timing
-from workflows.lifecycle_base import DB_RETRY, DEAD_IN_ONE_STEP_PATCH, Abandoned, LifecycleBase
+from workflows.lifecycle_base import (
+    CONFIRM_WITH_REQUEST_PATCH,
+    DB_RETRY,
+    DEAD_IN_ONE_STEP_PATCH,
+    RECOVERED_IN_ONE_WRITE_PATCH,
+    Abandoned,
+    LifecycleBase,
+)
 from workflows.timing import (
     BACKOFF_INITIAL,
     DB_ACTIVITY_TIMEOUT,
@@ -48,6 +55,7 @@ with workflow.unsafe.imports_passed_through():
         LifecycleState,
         RecoveryReply,
         SelectCandidateInput,
+        WriteAuditInput,
         declare_dead,
         delete_executor,
         dispatch_recovery,
@@ -317,13 +325,21 @@ class RecoverySteps(LifecycleBase):
         return await self._dispatch(candidate, request_id, run.attempt, run.details)
 
     async def _recovered(self, candidate: Candidate, details: dict[str, object]) -> None:
-        """Confirmed: the audit row, then the dead executor's registry row deleted."""
+        """Confirmed: the audit row, then the dead executor's registry row deleted; since
+        ``RECOVERED_IN_ONE_WRITE_PATCH`` both in one local activity."""
         i = self._input
-        await self._audit("executor.recovery.succeeded", "success", details)
+        succeeded = None
+        if self._patched(RECOVERED_IN_ONE_WRITE_PATCH):
+            operation = "executor.recovery.succeeded"
+            row = {**details, "orphan": True} if self._state.orphan else dict(details)
+            succeeded = WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation),
+                                        "success", row)
+        else:
+            await self._audit("executor.recovery.succeeded", "success", details)
         await self._db(
             delete_executor,
             DeleteExecutorInput(i.org, i.app, i.executor_id, event_key=self._event_key("deleted"),
-                                details={"recovered_by": candidate.executor_id}),
+                                details={"recovered_by": candidate.executor_id}, succeeded=succeeded),
         )
 
     async def _dispatch(self, candidate: Candidate, request_id: str, attempt: int,
@@ -373,17 +389,27 @@ class RecoverySteps(LifecycleBase):
         return False
 
     def _request(self, candidate: Candidate, request_id: str, attempt: int) -> ActivityHandle[RecoveryReply]:
-        """Schedule the ``recovery`` request through the candidate's gateway (in this workflow task)."""
+        """Schedule the ``recovery`` request through the candidate's gateway (in this workflow task); since
+        ``CONFIRM_WITH_REQUEST_PATCH`` with its confirmation (``_confirm_input``) for the gateway to ask right after."""
         i = self._input
+        confirm = self._confirm_input(candidate) if self._patched(CONFIRM_WITH_REQUEST_PATCH) else None
         return workflow.start_activity(
             dispatch_recovery,
             DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
-                                  org=i.org, app=i.app),
+                                  org=i.org, app=i.app, confirm=confirm),
             task_queue=candidate.gateway_queue, retry_policy=ONCE,
-            schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
+            schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
+            # Two requests when the confirmation comes along, each given the recovery timeout.
+            start_to_close_timeout=self._socket_timeout() + (i.recovery_timeout if confirm else timedelta(0)),
             heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
             summary=f"recovery via {candidate.executor_id} attempt {attempt}",
         )
+
+    def _confirm_input(self, candidate: Candidate) -> ExistPendingInput:
+        """The confirmation's question to ``candidate``: are any of the dead executor's workflows PENDING still?"""
+        i = self._input
+        return ExistPendingInput(candidate.executor_id, i.executor_id, self._version(),
+                                 request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app)
 
     def _socket_timeout(self) -> timedelta:
         return self._input.recovery_timeout + timedelta(seconds=5)
@@ -392,20 +418,19 @@ class RecoverySteps(LifecycleBase):
                        ) -> str | None:
         """One recovery attempt, its request already out: its answer, then the confirmation. Returns the failure
         reason, or None."""
-        i = self._input
         try:
             reply = await request
             if not reply.success:
                 return f"recovery answered success=false: {reply.error_message}"
-            confirm = await workflow.execute_activity(
-                exist_pending_workflows,
-                ExistPendingInput(candidate.executor_id, i.executor_id, self._version(),
-                                  request_id=str(workflow.uuid4()), timeout=i.recovery_timeout, org=i.org, app=i.app),
-                task_queue=candidate.gateway_queue, retry_policy=ONCE,
-                schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
-                heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
-                summary=f"confirm recovery via {candidate.executor_id}",
-            )
+            confirm = reply.confirmed  # the gateway asked right after (``CONFIRM_WITH_REQUEST_PATCH``)
+            if confirm is None:
+                confirm = await workflow.execute_activity(
+                    exist_pending_workflows, self._confirm_input(candidate),
+                    task_queue=candidate.gateway_queue, retry_policy=ONCE,
+                    schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START, start_to_close_timeout=self._socket_timeout(),
+                    heartbeat_timeout=SOCKET_HEARTBEAT_TIMEOUT,
+                    summary=f"confirm recovery via {candidate.executor_id}",
+                )
         except ActivityError as err:
             if isinstance(err.cause, CancelledError):
                 raise  # the workflow is being cancelled, not the attempt failing: do not retry on another peer

@@ -136,6 +136,7 @@ _DROP_WAITING_TICKET = sa_delete(RecoveryTicket).where(
 _INSERT_EXECUTOR = InsertOnce(Executor, "org", "app", "executor_id")
 _UPDATE_EXECUTOR = sa_update(Executor).where(*_PK)  # SET: the columns the parameters name, but for the k_* key
 _DELETE_EXECUTOR = sa_delete(Executor).where(*_PK)
+_DEAD_SINCE = sa_select(col(Executor.status), col(Executor.updated_at)).where(*_PK)
 _DELETE_CLAIM = sa_delete(RecoveryClaim).where(
     col(RecoveryClaim.org) == bindparam("k_org"), col(RecoveryClaim.app) == bindparam("k_app"),
     col(RecoveryClaim.dead_executor_id) == bindparam("k_executor_id"))
@@ -168,6 +169,26 @@ GRACE_DETAIL = "executorTimeoutSecs"
 # Who wrote a DISCONNECTED row, in its audit details, when the gateway did: the lifecycle workflow that finds it
 # reports the transition (the log line, ``relay_executor_transitions_total``), as it does one it wrote itself.
 RECORDED_BY, GATEWAY_WRITER = "recordedBy", "gateway"
+
+
+RECOVERY_SUCCEEDED = "executor.recovery.succeeded"
+
+
+@dataclass(frozen=True)
+class RecoveredRow:
+    """The ``executor.recovery.succeeded`` audit row ``delete_executor`` writes before the deletion."""
+
+    event_key: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """``delete_executor``'s answer: whether this call deleted the row, and (with ``recovered``, written by this
+    call) since when the executor was DEAD, for the recovery's metric."""
+
+    deleted: bool
+    dead_since: datetime | None = None
 
 
 def _audit_row(*, org: str, app: str, executor_id: str, operation: str, event_key: str, now: datetime,
@@ -384,15 +405,30 @@ class RegistryStore(StoreBase):
         return row.updated_at if row is not None and row.status == ExecutorStatus.DEAD else None
 
     def delete_executor(self, *, org: str, app: str, executor_id: str, event_key: str,
-                        details: dict[str, Any]) -> None:
-        """Delete the executor's registry row and its recovery claim, audited, at most once per ``event_key``."""
+                        details: dict[str, Any], recovered: RecoveredRow | None = None) -> Deleted:
+        """Delete the executor's registry row and its recovery claim, audited, at most once per ``event_key``.
+
+        ``recovered``: the ``executor.recovery.succeeded`` row to write first, in the same transaction (a confirmed
+        recovery, then its deletion: one write where there were three, the row, the DEAD time its metric reads, the
+        deletion); the answer says when the row was DEAD since, read before it goes."""
         key = {"k_org": org, "k_app": app, "k_executor_id": executor_id}
+        now = utcnow()
         with self.engine.begin() as c:
+            dead_since = None
+            if recovered is not None:
+                row = c.execute(_DEAD_SINCE, key).first()
+                dead_since = row.updated_at if row is not None and row.status == ExecutorStatus.DEAD else None
+                written = insert_audit(c, _audit_row(org=org, app=app, executor_id=executor_id,
+                                                     operation=RECOVERY_SUCCEEDED, event_key=recovered.event_key,
+                                                     now=now, details=recovered.details))
+                if not written:
+                    dead_since = None  # an earlier try wrote it (and reported it)
             if not insert_audit(c, _audit_row(org=org, app=app, executor_id=executor_id, operation="executor.deleted",
-                                              event_key=event_key, now=utcnow(), details=details)):
-                return  # an earlier try of the same activity deleted them
+                                              event_key=event_key, now=now, details=details)):
+                return Deleted(False, dead_since)  # an earlier try of the same activity deleted them
             c.execute(_DELETE_EXECUTOR, key)
             c.execute(_DELETE_CLAIM, key)
+        return Deleted(True, dead_since)
 
     def blocked_recoveries(self, org: str, app: str) -> list[BlockedRecovery]:
         """The app's DEAD executors whose recovery is blocked for lack of a peer, as their lifecycle workflows

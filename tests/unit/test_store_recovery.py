@@ -24,7 +24,7 @@ from core.store.registry import _GATEWAY_GONE_AT, AppExecutors
 from core.units import utcnow
 from tests.postgres import PostgresCluster, postgres_cluster
 from workflows.contracts.common import ExecutorInfo, ExecutorStatus
-from workflows.contracts.lifecycle import RecordStatusInput
+from workflows.contracts.lifecycle import DeleteExecutorInput, RecordStatusInput, WriteAuditInput
 
 ORG, APP = "local", "spread-app"
 
@@ -454,3 +454,34 @@ async def test_a_grace_is_reported_once_by_the_try_that_wrote_it_or_the_first_to
     assert reported() == before + 2
     await begin("x2", "k2", attempt=3)  # found again: the try before reported it
     assert reported() == before + 2
+
+
+async def test_a_confirmed_recovery_and_its_deletion_are_one_write_landed_and_reported_once(store: Store) -> None:
+    """``delete_executor`` with the recovery's success row (lifecycle generation 5): both audit rows and the
+    deletion in one transaction, the DEAD time read before the row goes, for the recovery's metric. A retry of the
+    activity (the same keys) writes nothing twice and reports nothing twice."""
+    _executor(store, "p1", "v1", ExecutorStatus.HEALTHY)
+    _executor(store, "dead", "v1", ExecutorStatus.DEAD)
+    assert _pick(store, "dead") == ("p1", False)
+    activities = RegistryActivities(store)
+    succeeded = WriteAuditInput(ORG, APP, "dead", "executor.recovery.succeeded", "dead/succeeded/1", "success",
+                                {"candidate": "p1", "attempt": 1, "request_id": "r1"})
+    delete = DeleteExecutorInput(ORG, APP, "dead", "dead/deleted/1", {"recovered_by": "p1"}, succeeded=succeeded)
+
+    def sample(name: str, **labels: str) -> float:
+        return metrics.REGISTRY.get_sample_value(name, {"org": ORG, "app": APP, **labels}) or 0.0
+
+    before = (sample("relay_recoveries_total", outcome="succeeded"), sample("relay_recovery_duration_seconds_count"))
+    await ActivityEnvironment().run(activities.delete_executor, delete)
+    await ActivityEnvironment().run(activities.delete_executor, delete)  # retried: its first try had landed
+    after = (sample("relay_recoveries_total", outcome="succeeded"), sample("relay_recovery_duration_seconds_count"))
+    assert after == (before[0] + 1, before[1] + 1)
+    with Session(store.engine) as s:
+        rows = {r.operation: r for r in s.exec(select(AuditLog).where(AuditLog.executor_id == "dead")).all()
+                if r.operation != "test"}
+        assert {op: r.event_key for op, r in rows.items()} == {
+            "executor.recovery.succeeded": "dead/succeeded/1", "executor.deleted": "dead/deleted/1"}
+        assert rows["executor.deleted"].details == {"recovered_by": "p1"}
+        assert rows["executor.recovery.succeeded"].details == succeeded.details
+        assert s.exec(select(RecoveryClaim)).all() == []
+    assert "dead" not in {e.executor_id for e in store.list_executors(ORG, APP)}

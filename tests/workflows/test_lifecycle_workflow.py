@@ -130,11 +130,43 @@ async def test_grace_expiry_dies_dispatches_confirms_and_deletes(relay: Relay) -
     assert (confirm.input.executor_id, confirm.input.dead_executor_id, confirm.input.app_version) == (
         peer.executor_id, relay.executor_id, VERSION)
     assert confirm.input.request_id != dispatch.input.request_id
+    # The confirmation went along with the request, for the gateway to ask right after: no activity of its own.
+    assert dispatch.input.confirm == confirm.input
 
     [delete] = fakes.deletes
     assert (delete.input.executor_id, delete.input.details) == (relay.executor_id, {"recovered_by": peer.executor_id})
     assert fakes.audits() == ["executor.recovery.dispatched", "executor.recovery.succeeded"]
     assert all(a.input.details["request_id"] == dispatch.input.request_id for a in fakes.audit_calls)
+    # The success row is written by the deletion, in its transaction: one local activity, not two.
+    assert delete.input.succeeded == fakes.audit_calls[1].input
+    history = await relay.latest.fetch_history()
+    assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")] == ["probe_gateway", "probe_gateway",
+                                                                            "dispatch_recovery"]
+
+
+async def test_a_gateway_that_does_not_confirm_with_the_request_is_asked_apart(relay: Relay) -> None:
+    """A gateway of older code ignores the confirmation sent along and answers the recovery alone: the workflow
+    then asks ``exist_pending_workflows`` itself, and a confirmation that finds workflows left still fails the
+    attempt."""
+    fakes = relay.fakes
+    fakes.confirms_with_request = False
+    first, second = fakes.peers
+    fakes.pending_replies[first.executor_id] = [ExistPendingReply(exist=True)]
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    result = await relay.result()
+
+    assert result == LifecycleResult(status="RECOVERED", recovered_by=second.executor_id, attempts=2)
+    assert [(c.input.executor_id, c.task_queue) for c in fakes.exist_calls] == [
+        (first.executor_id, first.gateway_queue), (second.executor_id, second.gateway_queue)]
+    assert fakes.audits() == ["executor.recovery.dispatched", "executor.recovery.failed",
+                              "executor.recovery.dispatched", "executor.recovery.succeeded"]
+    history = await relay.latest.fetch_history()
+    assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+            if e.HasField("activity_task_scheduled_event_attributes")].count("exist_pending_workflows") == 2
 
 
 async def test_stale_disconnected_is_ignored(relay: Relay) -> None:

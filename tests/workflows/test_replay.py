@@ -174,8 +174,8 @@ async def test_a_retired_history_fails_replay(monkeypatch: pytest.MonkeyPatch) -
 
 
 # Each folder's lifecycle runs, by the generation their first workflow task wrote (0: none, before generation 1).
-GENERATION_OF_FOLDER = {"histories": 4, "before-generation-4": 3, "before-generation-3": 2,
-                        "before-generation-2": 1, "before-own-alerts-at-once": 1}
+GENERATION_OF_FOLDER = {"histories": 5, "before-generation-5": 4, "before-generation-4": 3,
+                        "before-generation-3": 2, "before-generation-2": 1, "before-own-alerts-at-once": 1}
 
 
 def test_the_check_reads_each_recorded_runs_generation() -> None:
@@ -190,7 +190,7 @@ def test_the_check_reads_each_recorded_runs_generation() -> None:
     assert not wrong, wrong
     assert all(g is not None and g >= oldest for p, g in read.items() if p in FIXTURES)
     assert all(g is not None and g < oldest for p, g in read.items() if p in RETIRED_FIXTURES)
-    assert lifecycle_generations.GENERATIONS[lifecycle_generations.GENERATION_4_PATCH] == (
+    assert lifecycle_generations.GENERATIONS[lifecycle_generations.GENERATION_5_PATCH] == (
         lifecycle_generations.NEWEST_GENERATION)
     assert oldest <= lifecycle_generations.NEXT_RELEASE_REPLAYS_FROM <= lifecycle_generations.NEWEST_GENERATION
     # A run that has completed no workflow task has run no code: no generation yet.
@@ -216,14 +216,15 @@ def _bodies(tree: ast.Module) -> list[list[ast.stmt]]:
             if isinstance(body := getattr(node, name, None), list) and body and isinstance(body[0], ast.stmt)]
 
 
-def swap_two_activity_calls(tree: ast.Module) -> None:
-    """Reorder the first two consecutive activity calls (today: the success audit and the delete)."""
-    for body in _bodies(tree):
-        for n, (first, second) in enumerate(zip(body, body[1:], strict=False)):
-            if _activity_call(first) and _activity_call(second):
-                body[n], body[n + 1] = second, first
-                return
-    raise AssertionError("no two consecutive activity calls left to swap: pick another mutation")
+def flip_a_patch(tree: ast.Module) -> None:
+    """Swap the two branches of the first ``if self._patched(...)`` that has both (today: the confirmed
+    recovery's audit row and deletion, one local activity or two): a patch written the wrong way round."""
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.If) and node.orelse and isinstance(node.test, ast.Call)
+                and isinstance(node.test.func, ast.Attribute) and node.test.func.attr == "_patched"):
+            node.body, node.orelse = node.orelse, node.body
+            return
+    raise AssertionError("no patch with both branches left to flip: pick another mutation")
 
 
 def drop_an_activity_call(tree: ast.Module) -> None:
@@ -326,7 +327,7 @@ MUTANT_FIXTURES = [p for p in LIFECYCLE_FIXTURES if not QUICK or p.parent == HIS
 
 
 @pytest.mark.parametrize(("mutate", "target"), [
-    (swap_two_activity_calls, recovery),  # the success audit and the delete
+    (flip_a_patch, recovery),
     (drop_an_activity_call, recovery),
     (drop_the_removals_delete, lifecycle),
     (drop_an_activity_call, lifecycle_base),  # the audit write
@@ -378,7 +379,7 @@ async def test_a_new_run_asks_for_one_patch_only() -> None:
     versions = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
                 and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes
                 .search_attributes.indexed_fields]
-    assert len(patches) == 1 and lifecycle_generations.GENERATION_4_PATCH.encode() in patches[0].payloads[0].data
+    assert len(patches) == 1 and lifecycle_generations.GENERATION_5_PATCH.encode() in patches[0].payloads[0].data
     assert len(versions) == 1
     timer = next(n for n, e in enumerate(history.events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
     assert not [e for e in history.events[timer:] if e.event_type in (

@@ -241,25 +241,9 @@ class DeleteExecutorInput:
     executor_id: str
     event_key: str
     details: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class DispatchRecoveryInput:
-    """Send ``recovery`` to ``executor_id`` (the candidate) for ``dead_executor_ids``."""
-
-    executor_id: str
-    dead_executor_ids: list[str]
-    request_id: str
-    timeout: timedelta = timedelta(seconds=60)
-    # The candidate's org and app: the hub holds sockets per (org, app, executor id).
-    org: str = ""
-    app: str = ""
-
-
-@dataclass
-class RecoveryReply:
-    success: bool
-    error_message: str | None = None
+    # A confirmed recovery's ``executor.recovery.succeeded`` row, written in the same transaction, before the
+    # deletion (from lifecycle generation 5; before it, a ``write_audit`` of its own).
+    succeeded: WriteAuditInput | None = None
 
 
 @dataclass
@@ -279,6 +263,31 @@ class ExistPendingInput:
 class ExistPendingReply:
     exist: bool
     error_message: str | None = None
+
+
+@dataclass
+class DispatchRecoveryInput:
+    """Send ``recovery`` to ``executor_id`` (the candidate) for ``dead_executor_ids``."""
+
+    executor_id: str
+    dead_executor_ids: list[str]
+    request_id: str
+    timeout: timedelta = timedelta(seconds=60)
+    # The candidate's org and app: the hub holds sockets per (org, app, executor id).
+    org: str = ""
+    app: str = ""
+    # The confirmation, asked by the gateway right after a successful ``recovery`` reply, in this activity (from
+    # lifecycle generation 5; before it, an ``exist_pending_workflows`` activity of its own, a workflow task later).
+    confirm: ExistPendingInput | None = None
+
+
+@dataclass
+class RecoveryReply:
+    success: bool
+    error_message: str | None = None
+    # The confirmation's answer, when the input asked for it and the recovery succeeded; None from a gateway that
+    # does not ask (older code): the workflow then asks with ``exist_pending_workflows``.
+    confirmed: ExistPendingReply | None = None
 
 
 # -- activities: the workflow calls these stubs by reference; the worker and the gateways register the

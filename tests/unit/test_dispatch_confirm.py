@@ -1,0 +1,74 @@
+"""A recovery request that carries its confirmation (``DispatchRecoveryInput.confirm``, lifecycle generation 5): the
+gateway sends ``exist_pending_workflows`` on the same socket right after a successful ``recovery`` reply and answers
+both; after a failed recovery it asks nothing more, and without ``confirm`` (a workflow of generation 4) it sends
+the recovery alone, as before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import timedelta
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from core import wire
+from gateway.activities import HubActivities
+from gateway.hub import Connection, Hub
+from gateway.session import Reply, Session
+from workflows.contracts.common import ConnectedSignal, ExecutorInfo
+from workflows.contracts.lifecycle import DispatchRecoveryInput, ExistPendingInput, ExistPendingReply, RecoveryReply
+
+ORG, APP, PEER, DEAD = "o", "a", "peer-1", "dead-1"
+TIMEOUT = timedelta(seconds=5)
+
+
+def _peer(hub: Hub, *, recovered: bool, pending: bool) -> list[dict[str, object]]:
+    """A peer's socket in ``hub`` that answers each request as an SDK would; the frames it was sent."""
+    sent: list[dict[str, object]] = []
+
+    async def send(frame: str) -> None:
+        request = json.loads(frame)
+        sent.append(request)
+        body = ({"success": recovered} if request["type"] == "recovery" else {"exist": pending})
+        reply = wire.parse_reply(json.dumps({"type": request["type"], "request_id": request["request_id"], **body}))
+        asyncio.get_running_loop().call_soon(conn.deliver, Reply(reply))
+
+    async def close(code: int, reason: str) -> None:
+        pass
+
+    conn = Connection(connection_id="c1", org=ORG, app=APP, executor_id=PEER, session=Session(), send=send,
+                      close=close)
+    conn.signal = ConnectedSignal(connection_id="c1", gateway_queue="relay-gateway-test", info=ExecutorInfo(PEER),
+                                  signal_id="s1")
+    hub.attach(conn)
+    return sent
+
+
+def _dispatch(confirm: bool) -> DispatchRecoveryInput:
+    question = ExistPendingInput(PEER, DEAD, "v1", request_id="r-confirm", timeout=TIMEOUT, org=ORG, app=APP)
+    return DispatchRecoveryInput(PEER, [DEAD], "r-recover", TIMEOUT, org=ORG, app=APP,
+                                 confirm=question if confirm else None)
+
+
+@pytest.mark.parametrize("pending", [False, True])
+async def test_a_successful_recovery_is_confirmed_on_the_same_socket_in_the_same_activity(pending: bool) -> None:
+    hub = Hub()
+    sent = _peer(hub, recovered=True, pending=pending)
+    reply = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, _dispatch(confirm=True))
+    assert reply == RecoveryReply(True, None, confirmed=ExistPendingReply(pending, None))
+    assert [(f["type"], f["request_id"]) for f in sent] == [
+        ("recovery", "r-recover"), ("exist_pending_workflows", "r-confirm")]
+    assert (sent[1]["executor_id"], sent[1]["application_version"]) == (DEAD, "v1")
+
+
+async def test_a_failed_recovery_asks_no_confirmation_and_a_request_without_one_asks_none() -> None:
+    hub = Hub()
+    sent = _peer(hub, recovered=False, pending=False)
+    failed = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, _dispatch(confirm=True))
+    assert failed == RecoveryReply(False, None) and [f["type"] for f in sent] == ["recovery"]
+
+    hub = Hub()
+    sent = _peer(hub, recovered=True, pending=False)
+    alone = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, _dispatch(confirm=False))
+    assert alone == RecoveryReply(True, None) and [f["type"] for f in sent] == ["recovery"]
