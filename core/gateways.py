@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, bindparam
 from sqlalchemy import delete as sa_delete
 from sqlalchemy import update as sa_update
 from sqlmodel import Session, col, select
@@ -39,6 +39,8 @@ WATCH = "its watch found it gone"
 # A queue's row is written by the process itself (``register``, ``revive``) and by whoever finds it gone
 # (``mark_gone``: its watch, its own retirement, a successor), possibly at once: each inserts it if absent.
 _PROCESSES = InsertOnce(GatewayProcess, "queue")
+_GONE = select(col(GatewayProcess.gone_at), col(GatewayProcess.gone_reason)).where(
+    col(GatewayProcess.queue) == bindparam("queue"))
 
 
 class GatewayRegistry:
@@ -93,9 +95,9 @@ class GatewayRegistry:
 
     def gone_reason(self, queue: str) -> str | None:
         """Why ``queue``'s process is known gone, or None when it is not (or is unknown: then it is probed)."""
-        with Session(self.engine) as s:
-            row = s.get(GatewayProcess, queue)
-            return None if row is None or row.gone_at is None else (row.gone_reason or "gone")
+        with self.engine.connect() as c:  # a plain row: asked twice a death, in a burst under SQLite's one thread
+            row = c.execute(_GONE, {"queue": queue}).first()
+        return None if row is None or row.gone_at is None else (row.gone_reason or "gone")
 
     def report(self, queue: str, *, sockets: int, accepting: bool) -> None:
         """What ``queue``'s process tells its peers (``gateway.balance``): the executor sockets it holds and whether it

@@ -17,12 +17,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from core import units
 from core.gate import GatePolicy
 
-# RELAY_WORKER_STICKY_TIMEOUT_SECS unset (``Settings.worker_sticky_timeout``), and a worker built without settings:
-# the SDK's own default. 1 s made a SIGKILLed worker's timers later by at most 1 s instead of 10 s, but under a burst
-# (a gateway's executors moving at once, deaths at once) nearly every task timed out on its sticky queue and loaded
-# the server with a second dispatch and a whole-history fetch: docs/pages/guides/scaling.md. A SIGTERMed worker tells
-# the server its sticky queue is gone, so a deploy costs no lateness at either value.
-DEFAULT_WORKER_STICKY_TIMEOUT = timedelta(seconds=10)
+# RELAY_WORKER_STICKY_TIMEOUT_SECS unset (``Settings.worker_sticky_timeout``), and a worker built without settings.
+# 1 s made a SIGKILLed worker's timers later by at most 1 s, but under a burst (a gateway's executors moving at once,
+# deaths at once) nearly every task timed out on its sticky queue and loaded the server with a second dispatch and a
+# whole-history fetch; at the SDK's 10 s, 1,000 deaths at once still timed out 1,710 tasks on one worker, each redone
+# from its whole history, which slowed the rest: DEAD up to 63 s late (p99) against 43 s with none timed out at 30 s
+# (docs/pages/guides/scaling.md). A SIGTERMed worker tells the server its sticky queue is gone, so a deploy costs no
+# lateness at any value.
+DEFAULT_WORKER_STICKY_TIMEOUT = timedelta(seconds=30)
 
 
 @dataclass(frozen=True)
@@ -142,9 +144,9 @@ class Settings(BaseSettings):
     worker_sticky_timeout_secs: float = Field(
         default=units.timedelta_to_seconds(DEFAULT_WORKER_STICKY_TIMEOUT), gt=0,
         description=(
-        "How long a workflow task waits on the worker that cached its workflow before any worker may take it (the "
-        "SDK's default): after a worker is SIGKILLed, how late the timers and signals of the workflows it held can "
-        "be. Lower bounds a crash's cost at a price under bursts (see Scaling)."))
+        "How long a workflow task waits on the worker that cached its workflow before any worker may take it: after "
+        "a worker is SIGKILLed, how late the timers and signals of the workflows it held can be. Lower bounds a "
+        "crash's cost at a price under bursts (see Scaling)."))
     # A gateway process silent this long is declared gone; the executors it held are disconnected then.
     gateway_heartbeat_timeout_secs: float = Field(default=10, gt=0, description=(
         "A gateway process silent this long is probed; one that does not pick the probe up within as long again, or"

@@ -115,10 +115,8 @@ class ClaimsStore(StoreBase):
         Drained executors are never chosen. Recoveries the peers carried recently (the gate's tickets) break ties
         between equally busy peers, so paced recoveries, each chosen when none is in flight, still spread evenly.
         """
-        with Session(self.engine) as s:
-            application = find_app(s, org, app)
+        with self.engine.begin() as conn:  # plain rows, not the ORM's: building them costs more than the query
             stale = utcnow() - MANAGEMENT_CLAIM_TTL
-            conn = s.connection()  # plain rows, not the ORM's: building them costs more than the query
             # Most peers carry nothing: one of them, drawn at random in the database, is what the full choice
             # would pick (its least-busy tie). Only when every peer of the version is busy (or excluded) is every
             # eligible peer read and ranked: at 1,000 executors that read cost a burst of deaths 20 ms each.
@@ -134,6 +132,7 @@ class ClaimsStore(StoreBase):
                                   if t.candidate_id and t.executor_id != dead_executor_id)
                 healthy = conn.execute(_ELIGIBLE_PEERS, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY,
                                                        "now": utcnow()}).all()
+                application = find_app(conn, org, app)
                 found = candidates.select_candidate(
                     healthy, app_version=app_version, exclude=exclude,
                     cross_version_allowed=application is not None and application.cross_version_recovery,
@@ -155,7 +154,6 @@ class ClaimsStore(StoreBase):
                     # Claimed meanwhile, by another try of the same selection still running: this one's peer wins.
                     conn.execute(_CLAIM_AGAIN, claim)
                 conn.execute(_TICKET_PEER, claim)  # none yet for a death the gate was not asked about
-                s.commit()
             return row, cross
 
     def management_candidates(self, org: str, app: str) -> Candidates:

@@ -6,8 +6,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, exists, func, union
+from sqlalchemy import Connection, bindparam, exists, func, union, update
 from sqlalchemy import delete as sa_delete
+from sqlalchemy import select as sa_select
 from sqlmodel import Session, col, select
 
 from core import gate, units
@@ -48,12 +49,17 @@ _POPULATION = select(func.count()).select_from(_E).where(*_APP_E)
 _GONE_RECENT = select(func.count()).select_from(_T).where(*_OTHERS_RECENT, ~exists().where(
     _E.c.org == _T.c.org, _E.c.app == _T.c.app, _E.c.executor_id == _T.c.executor_id))
 _ME_REGISTERED = select(func.count()).select_from(_E).where(*_APP_E, _E.c.executor_id == bindparam("me"))
-# ``core.gate.storm_over``'s two conditions, as the existence of what breaks them.
-_ANOTHER_RECENT = select(exists().where(*_OTHERS_RECENT))
-_ANOTHER_WAITING = select(exists().where(*_APP_T, _T.c.executor_id != bindparam("me"), _T.c.granted_at.is_(None),
-                                         exists().where(_E.c.org == _T.c.org, _E.c.app == _T.c.app,
-                                                        _E.c.executor_id == _T.c.executor_id,
-                                                        _E.c.status == ExecutorStatus.DEAD)))
+# All five in one statement (one round trip, one statement's overhead).
+_STORM = sa_select(_DOWN_OTHERS.scalar_subquery().label("down_others"), _ME_DOWN.scalar_subquery().label("me_down"),
+                   _POPULATION.scalar_subquery().label("population"),
+                   _GONE_RECENT.scalar_subquery().label("gone_recent"),
+                   _ME_REGISTERED.scalar_subquery().label("me_registered"))
+# ``core.gate.storm_over``'s two conditions, as the existence of what breaks them, in one statement.
+_OVER = sa_select(exists().where(*_OTHERS_RECENT).label("another_recent"),
+                  exists().where(*_APP_T, _T.c.executor_id != bindparam("me"), _T.c.granted_at.is_(None),
+                                 exists().where(_E.c.org == _T.c.org, _E.c.app == _T.c.app,
+                                                _E.c.executor_id == _T.c.executor_id,
+                                                _E.c.status == ExecutorStatus.DEAD)).label("another_waiting"))
 
 
 class _Counted:
@@ -63,21 +69,19 @@ class _Counted:
     def __init__(self, c: Connection, org: str, app: str) -> None:
         self._c, self._org, self._app = c, org, app
 
-    def _scalar(self, statement: Any, **params: Any) -> Any:
-        return self._c.execute(statement, {"org": self._org, "app": self._app, **params}).scalar_one()
+    def _row(self, statement: Any, executor_id: str, since: datetime) -> Any:
+        return self._c.execute(statement, {"org": self._org, "app": self._app, "me": executor_id,
+                                           "since": since}).one()
 
     def storm_size(self, since: datetime, executor_id: str, ticket: gate.Ticket) -> tuple[int, int]:
-        at = {"me": executor_id, "since": since}
+        n = self._row(_STORM, executor_id, since)
         recent = ticket.died_at >= since
-        down = self._scalar(_DOWN_OTHERS, **at) + int(
-            (recent and not ticket.paused) or (not (recent and ticket.paused) and self._scalar(_ME_DOWN, **at) > 0))
-        population = self._scalar(_POPULATION) + self._scalar(_GONE_RECENT, **at) + int(
-            recent and not self._scalar(_ME_REGISTERED, me=executor_id))
-        return down, population
+        down = n.down_others + int((recent and not ticket.paused) or (not (recent and ticket.paused) and n.me_down > 0))
+        return down, n.population + n.gone_recent + int(recent and not n.me_registered)
 
     def storm_over(self, since: datetime, executor_id: str) -> bool:
-        at = {"me": executor_id, "since": since}
-        return not self._scalar(_ANOTHER_RECENT, **at) and not self._scalar(_ANOTHER_WAITING, **at)
+        n = self._row(_OVER, executor_id, since)
+        return not n.another_recent and not n.another_waiting
 
 
 # Statements built once (Core, on the session's connection, not ORM-enabled): built and compiled on every admission,
@@ -88,6 +92,24 @@ _PRUNE_TICKETS = sa_delete(RecoveryTicket).where(
     col(RecoveryTicket.org) == bindparam("org"), col(RecoveryTicket.app) == bindparam("app"),
     col(RecoveryTicket.executor_id) != bindparam("me"), col(RecoveryTicket.granted_at).is_not(None),
     col(RecoveryTicket.died_at) < bindparam("kept"))
+# The admission's own reads and writes, as plain statements on one connection: through the ORM (its gets, unit of
+# work and commit) they were two thirds of an admission's cost, under the database's write lock in a burst of deaths.
+_G = RecoveryGate.__table__  # type: ignore[attr-defined]
+_GATE_KEY = (_G.c.org == bindparam("org"), _G.c.app == bindparam("app"))
+_GATE_ROW = select(_G).where(*_GATE_KEY).with_for_update()
+# (An UPDATE's key bound as ``k_*``: it reserves its columns' own names for its SET clause.)
+_GATE_WRITE = update(_G).where(_G.c.org == bindparam("k_org"), _G.c.app == bindparam("k_app")).values(
+    tripped_at=bindparam("tripped_at"), trips=bindparam("trips"), last_slot_at=bindparam("last_slot_at"),
+    last_granted_at=bindparam("last_granted_at"), version=_G.c.version + 1)
+_PAUSE_UNTIL = select(col(RecoveryPause.until)).where(col(RecoveryPause.org) == bindparam("org"),
+                                                      col(RecoveryPause.app) == bindparam("app"))
+_OWN_TICKET = select(_T).where(*_APP_T, _T.c.executor_id == bindparam("me"))
+_TICKET_WRITE = update(_T).where(_T.c.org == bindparam("k_org"), _T.c.app == bindparam("k_app"),
+                                  _T.c.executor_id == bindparam("k_me"))
+_TICKET_NEW = InsertOnce(RecoveryTicket, "org", "app", "executor_id")
+_TICKET_DELETE = sa_delete(RecoveryTicket).where(
+    col(RecoveryTicket.org) == bindparam("org"), col(RecoveryTicket.app) == bindparam("app"),
+    col(RecoveryTicket.executor_id) == bindparam("me"))
 # An operator's drain of an executor and pause of an app: one row each, replaced by the next (``InsertOnce.put``).
 _DRAINS = InsertOnce(ExecutorDrain, "org", "app", "executor_id")
 _PAUSES = InsertOnce(RecoveryPause, "org", "app")
@@ -99,35 +121,36 @@ def _ticket(row: Any) -> gate.Ticket:
                        paused=row.paused, held=row.held)
 
 
-def _store_ticket(s: Session, row: RecoveryTicket | None, ticket: gate.Ticket, *, org: str, app: str,
-                  executor_id: str) -> None:
-    if row is None:
-        row = RecoveryTicket(org=org, app=app, executor_id=executor_id, ticket=ticket.key, died_at=ticket.died_at)
-    elif row.ticket != ticket.key:
-        row.candidate_id = None  # an earlier death's
-    row.ticket, row.died_at, row.slot_at, row.granted_at = ticket.key, ticket.died_at, ticket.slot_at, ticket.granted_at
-    row.paused, row.held = ticket.paused, ticket.held
-    s.add(row)
+def _store_ticket(c: Connection, stored: Any, ticket: gate.Ticket, *, org: str, app: str, executor_id: str) -> None:
+    """Write the executor's ticket: a new row, or its stored row (``stored``, a plain row) updated."""
+    values = {"ticket": ticket.key, "died_at": ticket.died_at, "slot_at": ticket.slot_at,
+              "granted_at": ticket.granted_at, "paused": ticket.paused, "held": ticket.held}
+    if stored is None:
+        _TICKET_NEW(c, {"org": org, "app": app, "executor_id": executor_id, "candidate_id": None, **values})
+        return
+    if stored.ticket != ticket.key:
+        values["candidate_id"] = None  # an earlier death's
+    c.execute(_TICKET_WRITE.values(**values), {"k_org": org, "k_app": app, "k_me": executor_id})
 
 
-def _gate_audit(s: Session, decision: gate.Decision, *, org: str, app: str, executor_id: str, trips: int,
+def _gate_audit(c: Connection, decision: gate.Decision, *, org: str, app: str, executor_id: str, trips: int,
                 policy: gate.GatePolicy, event_key: str) -> None:
     """The gate's audit rows, in its transaction: a retried admission finds the state they record (tripped,
     reset, held for that reason) already written, so none lands twice; the trip's row also has a unique key."""
     if decision.reset:
-        s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_reset",
-                       details={"trips": trips}))
+        insert_audit(c, AuditLog(org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_reset",
+                                 details={"trips": trips}))
     if decision.tripped:
-        insert_audit(s.connection(), AuditLog(
+        insert_audit(c, AuditLog(
             org=org, app=app, executor_id=executor_id, operation="app.recovery.breaker_tripped", status="failure",
             event_key=gate.breaker_event_key(org, app, trips),
             details={**decision.storm, "trip": trips, "stormShare": policy.storm_share,
                      "stormMinExecutors": policy.storm_min,
                      **units.rest_durations({"stormWindowMs": policy.window, "paceMs": policy.pace})}))
     if decision.first_hold and decision.until is not None:
-        s.add(AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.recovery.held",
-                       details={"reason": decision.reason, "until": decision.until.isoformat(),
-                                **({"workflowEvent": event_key} if event_key else {})}))
+        insert_audit(c, AuditLog(org=org, app=app, executor_id=executor_id, operation="executor.recovery.held",
+                                 details={"reason": decision.reason, "until": decision.until.isoformat(),
+                                          **({"workflowEvent": event_key} if event_key else {})}))
 
 
 class GateStore(StoreBase):
@@ -210,29 +233,35 @@ class GateStore(StoreBase):
         (``core.gate.admit``), in one transaction under the gate's row lock. Writes the breaker's alert
         (``app.recovery.breaker_tripped``, once per storm), its reset, and the first hold of each kind.
 
-        The lock: the gate row, created the first time, is locked before anything is read (``InsertOnce.lock``: a
-        write, so SQLite takes its write lock, then ``SELECT ... FOR UPDATE``, PostgreSQL's row lock); concurrent
+        The lock: the gate row, created the first time, is locked before anything is read (inserted if absent: a
+        write, so SQLite takes its write lock; then ``SELECT ... FOR UPDATE``, PostgreSQL's row lock); concurrent
         admissions of one app then run one after the other.
         """
-        with Session(self.engine) as s:
-            row = _GATES.lock(s, RecoveryGate(org=org, app=app))
-            row.version += 1
-            pause = s.get(RecoveryPause, (org, app))
-            own = s.get(RecoveryTicket, (org, app, executor_id))
+        at = {"org": org, "app": app, "me": executor_id}
+        with self.engine.begin() as c:
+            row = None
+            for _ in range(3):  # the row may be deleted between the two statements (its app deleted): insert again
+                _GATES(c, {"org": org, "app": app, "tripped_at": None, "trips": 0, "last_slot_at": None,
+                           "last_granted_at": None, "version": 0})
+                row = c.execute(_GATE_ROW, at).first()
+                if row is not None:
+                    break
+            if row is None:
+                raise RuntimeError(f"could not lock the recovery gate of {org}/{app}")
+            pause_until = c.execute(_PAUSE_UNTIL, at).scalar()
+            own = c.execute(_OWN_TICKET, at).first()
             breaker = gate.Breaker(row.tripped_at, row.trips, row.last_slot_at, row.last_granted_at)
             mine, decision = gate.admit(
                 executor_id=executor_id, key=ticket, now=now, ticket=_ticket(own) if own is not None else None,
-                breaker=breaker, pause_until=pause.until if pause else None, fleet=_Counted(s.connection(), org, app),
-                policy=policy)
-            row.tripped_at, row.trips = breaker.tripped_at, breaker.trips
-            row.last_slot_at, row.last_granted_at = breaker.last_slot_at, breaker.last_granted_at
-            s.add(row)
-            _store_ticket(s, own, mine, org=org, app=app, executor_id=executor_id)
-            _gate_audit(s, decision, org=org, app=app, executor_id=executor_id, trips=breaker.trips,
+                breaker=breaker, pause_until=pause_until, fleet=_Counted(c, org, app), policy=policy)
+            c.execute(_GATE_WRITE, {"k_org": org, "k_app": app, "tripped_at": breaker.tripped_at,
+                                    "trips": breaker.trips, "last_slot_at": breaker.last_slot_at,
+                                    "last_granted_at": breaker.last_granted_at})
+            _store_ticket(c, own, mine, org=org, app=app, executor_id=executor_id)
+            _gate_audit(c, decision, org=org, app=app, executor_id=executor_id, trips=breaker.trips,
                         policy=policy, event_key=event_key)
             kept = now - max(policy.window, TICKETS_KEPT)  # finished tickets stop counting after a while
-            s.connection().execute(_PRUNE_TICKETS, {"org": org, "app": app, "me": executor_id, "kept": kept})
+            c.execute(_PRUNE_TICKETS, {**at, "kept": kept})
             if own is not None and mine.granted_at is not None and mine.died_at < kept:
-                s.delete(own)
-            s.commit()
+                c.execute(_TICKET_DELETE, at)
             return decision

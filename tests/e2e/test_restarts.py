@@ -25,7 +25,7 @@ from temporalio.api.enums.v1 import EventType
 from cli.devserver import command
 from core.models import AuditLog
 from core.models import Executor as ExecutorRow
-from core.settings import DEFAULT_WORKER_STICKY_TIMEOUT, Settings
+from core.settings import Settings
 from core.temporal import connect
 from tests.postgres import PostgresCluster, postgres_cluster
 from tests.support import (
@@ -50,7 +50,8 @@ ON_TIME_SLACK = 2.0
 # What a worker's SIGKILL may add on top to a timer or signal of a workflow it had cached: the task goes to that
 # worker's own (sticky) queue and waits out its schedule-to-start timeout there before any worker may take it. A
 # SIGTERMed worker tells Temporal its queue is gone as it stops (the SDK's ShutdownWorker call): nothing added.
-CRASH_SLACK = DEFAULT_WORKER_STICKY_TIMEOUT.total_seconds()
+# The cluster runs its workers with this timeout, a third of the default, to keep the crash's wait short.
+CRASH_SLACK = 10.0
 # When the gateway that held the executor was killed and restarted (same data dir, so the same gateway identity),
 # its previous incarnation is known gone: the fence does not probe it, so neither DEAD nor the recovery request
 # waits for a probe's timeout (the heartbeat timeout). DEAD comes this close to its original deadline, and the
@@ -75,6 +76,7 @@ class Cluster:
         self.env = relay_env(data_dir, RELAY_TEMPORAL_ADDRESS=self.address,
                              RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT_SECS),
                              RELAY_RECOVERY_TIMEOUT_SECS="5",
+                             RELAY_WORKER_STICKY_TIMEOUT_SECS=str(CRASH_SLACK),
                              **({"RELAY_DATABASE_URL": database_url} if database_url else {}))
         self.db_url = database_url or f"sqlite:///{data_dir / 'relay.db'}"
         self._engine: Engine | None = None

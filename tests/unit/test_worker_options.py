@@ -18,7 +18,7 @@ from core.settings import Settings
 from core.store import Store
 
 
-@pytest.mark.parametrize(("env", "expected"), [(None, timedelta(seconds=10)), ("1", timedelta(seconds=1)),
+@pytest.mark.parametrize(("env", "expected"), [(None, timedelta(seconds=30)), ("1", timedelta(seconds=1)),
                                                ("2.5", timedelta(seconds=2.5))])
 def test_the_sticky_queue_timeout_is_relay_worker_sticky_timeout_secs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, env: str | None, expected: timedelta) -> None:
