@@ -4,6 +4,7 @@ process's own task queue, and write to the socket through the hub."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -11,17 +12,25 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from core import wire
+from core import units, wire
 from core.errors import ExecutorTimeoutError, ExecutorUnavailableError, ProtocolError, RelayError
+from core.store import Store
 from gateway.hub import Hub
 from gateway.management import reply_body
 from gateway.session import Reply
 from workflows.contracts.common import Activity
 from workflows.contracts.gateway_watch import HoldGatewayInput, ProbeGatewayInput, ProbeGatewayReply
-from workflows.contracts.lifecycle import DispatchRecoveryInput, ExistPendingInput, ExistPendingReply, RecoveryReply
+from workflows.contracts.lifecycle import (
+    DispatchRecoveryInput,
+    ExistPendingInput,
+    ExistPendingReply,
+    RecoveryReply,
+    WriteAuditInput,
+)
 from workflows.contracts.management import ExecutorRequestInput, ExecutorRequestReply, Failure, pack
 from workflows.contracts.retention import DispatchRetentionInput, RetentionReply
 
+log = logging.getLogger("relay.gateway")
 HEARTBEAT_EVERY = timedelta(seconds=2)
 # The longest a probe holds its answer for ``answer_at``: the fence asks a few seconds ahead of a grace's end, so
 # a longer hold would be a bug, not a wait (the workflow bounds it as well: the probe's start-to-close timeout).
@@ -29,9 +38,11 @@ MAX_PROBE_HOLD = timedelta(seconds=30)
 
 
 class HubActivities:
-    def __init__(self, hub: Hub, contact_for: Callable[[], timedelta] = lambda: timedelta(0)) -> None:
+    def __init__(self, hub: Hub, contact_for: Callable[[], timedelta] = lambda: timedelta(0),
+                 store: Store | None = None) -> None:
         self._hub = hub
         self._contact_for = contact_for  # how long this process has been in contact with Temporal
+        self._store = store  # for the audit rows a request carries (none: the workflow writes them)
 
     @activity.defn(name=Activity.PROBE_GATEWAY)
     async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
@@ -61,14 +72,36 @@ class HubActivities:
                 raise ApplicationError(f"executor {dead} is connected to this gateway: not recovering it",
                                        type="ExecutorAlive", non_retryable=True)
         frame = wire.recovery_request(input.request_id, input.dead_executor_ids)
+        audited = input.audit is not None and await self._audit(input.audit)
         reply = await self._request(input.executor_id, input.request_id, frame, input)
         if not isinstance(reply.reply, wire.RecoveryReply):
-            return RecoveryReply(False, reply.reply.error_message or f"unexpected {reply.reply.type} reply")
+            return RecoveryReply(False, reply.reply.error_message or f"unexpected {reply.reply.type} reply",
+                                 audited=audited)
         if not reply.reply.success or input.confirm is None:
-            return RecoveryReply(reply.reply.success, reply.reply.error_message)
+            return RecoveryReply(reply.reply.success, reply.reply.error_message, audited=audited)
         # The confirmation, right away on the same socket: one activity (and one workflow task) where there were two.
         return RecoveryReply(True, reply.reply.error_message,
-                             confirmed=await self.exist_pending_workflows(input.confirm))
+                             confirmed=await self.exist_pending_workflows(input.confirm), audited=audited)
+
+    async def _audit(self, row: WriteAuditInput) -> bool:
+        """Write the audit row a request carries, under its key (landed already counts); False when it could not
+        be written here (no store, the database away): the workflow writes it then, under the same key."""
+        if self._store is None:
+            return False
+        try:
+            written = await self._store.call(
+                self._store.write_audit, org=row.org, app=row.app, executor_id=row.executor_id,
+                operation=row.operation, status=row.status, event_key=row.event_key,
+                details={**row.details, **units.rest_durations(row.durations)})
+        except Exception as err:  # the database away: the request still goes, and the workflow writes the row
+            log.debug("%s of %s left to its workflow: %s", row.operation, row.executor_id, err)
+            return False
+        if written:
+            log.info("recovery of executor %s of %s/%s dispatched to %s (attempt %s)", row.executor_id, row.org,
+                     row.app, row.details.get("candidate"), row.details.get("attempt"),
+                     extra={"org": row.org, "app": row.app, "executor_id": row.executor_id,
+                            "request_id": row.details.get("request_id")})
+        return True
 
     @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
     async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:

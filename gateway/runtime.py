@@ -199,7 +199,7 @@ class Gateway:
         # Its one workflow: management requests routed here by other gateway processes, run with their local
         # activity in this process.
         return Worker(self.client, task_queue=self.task_queue, workflows=[ManagementRequestWorkflow],
-                      activities=HubActivities(self.hub, self.contact_state.contact_for).all(),
+                      activities=HubActivities(self.hub, self.contact_state.contact_for, self.store).all(),
                       max_concurrent_activities=MAX_CONCURRENT_ACTIVITIES,
                       # The SDK's default, at most 5 activity-task polls at once, let a burst of recovery requests
                       # and fence probes wait on the server past their schedule-to-start timeout (10 s) with slots

@@ -103,9 +103,10 @@ class FakeRelay:
     pending_replies: dict[str, list[ExistPendingReply]] = field(default_factory=dict)
     # When set, dispatch_recovery hangs (a peer that never answers) until this is set.
     dispatch_gate: asyncio.Event | None = None
-    # dispatch_recovery asks the confirmation it is given right after a successful recovery, as a gateway does;
-    # False: a gateway of older code, which ignores it (the workflow then asks with exist_pending_workflows).
-    confirms_with_request: bool = True
+    # dispatch_recovery writes the dispatched row it is given and asks the confirmation it is given right after a
+    # successful recovery, as a gateway does; False: a gateway of older code, which ignores both (the workflow then
+    # writes the row and asks with exist_pending_workflows).
+    current_gateway: bool = True
     # When set, record_status for "executor.healthy" waits for it (a slow registry write)...
     healthy_gate: asyncio.Event | None = None
     # ... and this is set once that write has begun.
@@ -170,7 +171,9 @@ class FakeRelay:
         return [(c.input.status, c.input.operation) for c in self.records if not c.failed]
 
     def audits(self) -> list[str]:
-        return [c.input.operation for c in self.audit_calls if not c.failed]
+        """The audit rows written, once per event key (as the store writes them)."""
+        keys = {c.input.event_key: c.input.operation for c in self.audit_calls if not c.failed}
+        return list(keys.values())
 
     def summary(self) -> dict[str, int]:
         """Call counts, for failure messages."""
@@ -316,6 +319,13 @@ class FakeRelay:
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
         await self._call(self.dispatches, input)
+        audited = False
+        if input.audit is not None and self.current_gateway:
+            try:
+                self._fail_first(await self._call(self.audit_calls, input.audit), input.audit.operation)
+                audited = True
+            except TransientError:
+                pass  # the gateway's database away: the request still goes, the workflow writes the row
         if self.dispatch_gate is not None:
             while not self.dispatch_gate.is_set():  # a peer that never answers, on a gateway that is alive
                 activity.heartbeat()
@@ -325,9 +335,10 @@ class FakeRelay:
         reply = script.pop(0) if script else RecoveryReply(success=True)
         if isinstance(reply, Exception):
             raise reply
-        if reply.success and input.confirm is not None and self.confirms_with_request:
-            return RecoveryReply(True, reply.error_message, confirmed=await self._exist_pending(input.confirm))
-        return reply
+        if reply.success and input.confirm is not None and self.current_gateway:
+            return RecoveryReply(True, reply.error_message, confirmed=await self._exist_pending(input.confirm),
+                                 audited=audited)
+        return dataclasses.replace(reply, audited=audited)
 
     @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)
     async def exist_pending_workflows(self, input: ExistPendingInput) -> ExistPendingReply:

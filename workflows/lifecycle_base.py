@@ -94,8 +94,14 @@ CONFIRM_WITH_REQUEST_PATCH = "confirmed-with-the-request"
 # From this patch on, a confirmed recovery's ``executor.recovery.succeeded`` row and the deletion are one local
 # activity (``DeleteExecutorInput.succeeded``), one transaction, where there were two of each.
 RECOVERED_IN_ONE_WRITE_PATCH = "recovered-and-deleted-in-one-write"
-# Generation 5: generation 4 and the two patches above.
-PATCHES_IN_GENERATION_5 = PATCHES_IN_GENERATION_4 | {CONFIRM_WITH_REQUEST_PATCH, RECOVERED_IN_ONE_WRITE_PATCH}
+# From this patch on, the ``executor.recovery.dispatched`` row goes with the request (``DispatchRecoveryInput.audit``)
+# and the gateway writes it as it sends: no local activity (and no marker) in the workflow task that sends it. The
+# workflow writes it itself, under the same key, only when the gateway did not say it did (older code, its database
+# away, the request failed before an answer).
+DISPATCHED_BY_GATEWAY_PATCH = "dispatched-row-by-the-gateway"
+# Generation 5: generation 4 and the three patches above.
+PATCHES_IN_GENERATION_5 = PATCHES_IN_GENERATION_4 | {CONFIRM_WITH_REQUEST_PATCH, RECOVERED_IN_ONE_WRITE_PATCH,
+                                                     DISPATCHED_BY_GATEWAY_PATCH}
 # The patches each generation this code replays stands for (generation 3 stands for none still asked).
 PATCHES_BY_GENERATION = {4: PATCHES_IN_GENERATION_4, 5: PATCHES_IN_GENERATION_5}
 

@@ -23,6 +23,7 @@ from workflows.lifecycle_base import (
     CONFIRM_WITH_REQUEST_PATCH,
     DB_RETRY,
     DEAD_IN_ONE_STEP_PATCH,
+    DISPATCHED_BY_GATEWAY_PATCH,
     RECOVERED_IN_ONE_WRITE_PATCH,
     Abandoned,
     LifecycleBase,
@@ -61,6 +62,7 @@ with workflow.unsafe.imports_passed_through():
         dispatch_recovery,
         exist_pending_workflows,
         select_candidate,
+        write_audit,
     )
 
 
@@ -348,10 +350,19 @@ class RecoverySteps(LifecycleBase):
 
         Nothing is awaited between the look and scheduling the request, so a `connected` that lands before the
         request is out is always seen (whatever came before: a probe, the gate, a candidate's answer). The
-        `dispatched` row is written while the request is out."""
+        `dispatched` row is written while the request is out: since ``DISPATCHED_BY_GATEWAY_PATCH`` by the gateway
+        as it sends it (or by this workflow, under the same key, when the gateway did not say it did)."""
         if self._back():
             await self._call_off()
             return CALLED_OFF
+        if self._patched(DISPATCHED_BY_GATEWAY_PATCH):
+            i = self._input
+            operation = "executor.recovery.dispatched"
+            row = {**details, "orphan": True} if self._state.orphan else dict(details)
+            audit = WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation), "success",
+                                    row)
+            return await self._attempt(candidate, attempt, self._request(candidate, request_id, attempt, audit),
+                                       audit)
         request = self._request(candidate, request_id, attempt)
         try:
             await self._audit("executor.recovery.dispatched", "success", details)
@@ -388,7 +399,8 @@ class RecoverySteps(LifecycleBase):
                 await workflow.wait_condition(back, timeout=wait, timeout_summary=f"recovery held: {reply.reason}")
         return False
 
-    def _request(self, candidate: Candidate, request_id: str, attempt: int) -> ActivityHandle[RecoveryReply]:
+    def _request(self, candidate: Candidate, request_id: str, attempt: int, audit: WriteAuditInput | None = None
+                 ) -> ActivityHandle[RecoveryReply]:
         """Schedule the ``recovery`` request through the candidate's gateway (in this workflow task); since
         ``CONFIRM_WITH_REQUEST_PATCH`` with its confirmation (``_confirm_input``) for the gateway to ask right after."""
         i = self._input
@@ -396,7 +408,7 @@ class RecoverySteps(LifecycleBase):
         return workflow.start_activity(
             dispatch_recovery,
             DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
-                                  org=i.org, app=i.app, confirm=confirm),
+                                  org=i.org, app=i.app, confirm=confirm, audit=audit),
             task_queue=candidate.gateway_queue, retry_policy=ONCE,
             schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
             # Two requests when the confirmation comes along, each given the recovery timeout.
@@ -414,12 +426,20 @@ class RecoverySteps(LifecycleBase):
     def _socket_timeout(self) -> timedelta:
         return self._input.recovery_timeout + timedelta(seconds=5)
 
-    async def _attempt(self, candidate: Candidate, attempt: int, request: ActivityHandle[RecoveryReply]
-                       ) -> str | None:
+    async def _attempt(self, candidate: Candidate, attempt: int, request: ActivityHandle[RecoveryReply],
+                       audit: WriteAuditInput | None = None) -> str | None:
         """One recovery attempt, its request already out: its answer, then the confirmation. Returns the failure
-        reason, or None."""
+        reason, or None. ``audit``: the `dispatched` row the request carried, written here unless the gateway says
+        it wrote it."""
         try:
-            reply = await request
+            try:
+                reply = await request
+            except ActivityError as err:
+                if audit is not None and not isinstance(err.cause, CancelledError):
+                    await self._db(write_audit, audit)  # no answer: the gateway may not have written it
+                raise
+            if audit is not None and not reply.audited:
+                await self._db(write_audit, audit)
             if not reply.success:
                 return f"recovery answered success=false: {reply.error_message}"
             confirm = reply.confirmed  # the gateway asked right after (``CONFIRM_WITH_REQUEST_PATCH``)

@@ -172,6 +172,8 @@ RECORDED_BY, GATEWAY_WRITER = "recordedBy", "gateway"
 
 
 RECOVERY_SUCCEEDED = "executor.recovery.succeeded"
+# The least time between two audit rows one transaction writes in order (the databases keep microseconds).
+_AFTER = timedelta(microseconds=1)
 
 
 @dataclass(frozen=True)
@@ -423,6 +425,7 @@ class RegistryStore(StoreBase):
                                                      now=now, details=recovered.details))
                 if not written:
                     dead_since = None  # an earlier try wrote it (and reported it)
+                now += _AFTER  # the deletion's row after the success row, in every listing ordered by time
             if not insert_audit(c, _audit_row(org=org, app=app, executor_id=executor_id, operation="executor.deleted",
                                               event_key=event_key, now=now, details=details)):
                 return Deleted(False, dead_since)  # an earlier try of the same activity deleted them

@@ -13,14 +13,14 @@ def _phases(fixture: str, after: str) -> dict[str, int]:
     return {p.name: p.total for p in count(events, after_connect=after)}
 
 
-def test_a_death_costs_twelve_actions_after_a_connect_of_two() -> None:
+def test_a_death_costs_eleven_actions_after_a_connect_of_two() -> None:
     # connect: signal-with-start, the workflow task with the HEALTHY write's markers (a patch marker and its
     # TemporalChangeVersion upsert are free); no RelayExecutorStatus upsert: the gateway starts the run with
     # HEALTHY, so its first record leaves the attribute as it is. death: the disconnected signal, the
-    # grace timer, two probes, dispatch_recovery (its confirmation asked by the gateway in the same activity since
-    # lifecycle generation 5, not an exist_pending_workflows of its own), two status upserts, five workflow tasks
-    # with local activities.
-    assert _phases("happy-recovery.json", "death") == {"connect": 2, "death": 12}
+    # grace timer, two probes, dispatch_recovery (since lifecycle generation 5 the gateway asks the confirmation in
+    # the same activity, not an exist_pending_workflows of its own, and writes the dispatched row, not a workflow
+    # task's local activity), two status upserts, four workflow tasks with local activities.
+    assert _phases("happy-recovery.json", "death") == {"connect": 2, "death": 11}
     before = json.loads((HISTORIES / "before-generation-5" / "happy-recovery.json").read_text())["events"]
     assert {p.name: p.total for p in count(before, after_connect="death")} == {"connect": 2, "death": 13}
 

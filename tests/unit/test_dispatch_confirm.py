@@ -6,28 +6,42 @@ the recovery alone, as before."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from temporalio.testing import ActivityEnvironment
 
 from core import wire
+from core.models import make_engine
+from core.store import Store
 from gateway.activities import HubActivities
 from gateway.hub import Connection, Hub
 from gateway.session import Reply, Session
 from workflows.contracts.common import ConnectedSignal, ExecutorInfo
-from workflows.contracts.lifecycle import DispatchRecoveryInput, ExistPendingInput, ExistPendingReply, RecoveryReply
+from workflows.contracts.lifecycle import (
+    DispatchRecoveryInput,
+    ExistPendingInput,
+    ExistPendingReply,
+    RecoveryReply,
+    WriteAuditInput,
+)
 
 ORG, APP, PEER, DEAD = "o", "a", "peer-1", "dead-1"
 TIMEOUT = timedelta(seconds=5)
 
 
-def _peer(hub: Hub, *, recovered: bool, pending: bool) -> list[dict[str, object]]:
-    """A peer's socket in ``hub`` that answers each request as an SDK would; the frames it was sent."""
+def _peer(hub: Hub, *, recovered: bool, pending: bool,
+          on_send: Callable[[], None] = lambda: None) -> list[dict[str, object]]:
+    """A peer's socket in ``hub`` that answers each request as an SDK would (calling ``on_send`` as each comes);
+    the frames it was sent."""
     sent: list[dict[str, object]] = []
 
     async def send(frame: str) -> None:
+        on_send()
         request = json.loads(frame)
         sent.append(request)
         body = ({"success": recovered} if request["type"] == "recovery" else {"exist": pending})
@@ -72,3 +86,37 @@ async def test_a_failed_recovery_asks_no_confirmation_and_a_request_without_one_
     sent = _peer(hub, recovered=True, pending=False)
     alone = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, _dispatch(confirm=False))
     assert alone == RecoveryReply(True, None) and [f["type"] for f in sent] == ["recovery"]
+
+
+def _audit_row() -> WriteAuditInput:
+    return WriteAuditInput(ORG, APP, DEAD, "executor.recovery.dispatched", "wf/dispatched/1", "success",
+                           {"candidate": PEER, "attempt": 1, "request_id": "r-recover"})
+
+
+async def test_the_dispatched_row_sent_along_is_written_once_by_the_gateway_before_the_request(tmp_path: Path) -> None:
+    """The gateway writes the `dispatched` row the request carries, under its key, before it sends the request, and
+    says so; a retried activity (the same key) finds it landed and says so too. A gateway without a store (or
+    whose database is away) says it did not, and the workflow writes it."""
+    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+    store.ensure_app(ORG, APP)
+    rows_when_sent: list[int] = []
+
+    def dispatched_rows() -> int:
+        return len([r for r in store.list_audit(ORG, app=APP) if r.operation == "executor.recovery.dispatched"])
+
+    try:
+        hub = Hub()
+        sent = _peer(hub, recovered=True, pending=False, on_send=lambda: rows_when_sent.append(dispatched_rows()))
+        request = dataclasses.replace(_dispatch(confirm=True), audit=_audit_row())
+        first = await ActivityEnvironment().run(HubActivities(hub, store=store).dispatch_recovery, request)
+        again = await ActivityEnvironment().run(HubActivities(hub, store=store).dispatch_recovery, request)
+        assert first.audited and again.audited and first.confirmed == ExistPendingReply(False, None)
+        assert dispatched_rows() == 1 and rows_when_sent[0] == 1  # written before the request went out
+        [row] = [r for r in store.list_audit(ORG, app=APP) if r.operation == "executor.recovery.dispatched"]
+        assert (row.event_key, row.executor_id, row.details) == ("wf/dispatched/1", DEAD, _audit_row().details)
+        assert len(sent) == 4
+
+        without = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, request)
+        assert not without.audited and without.success
+    finally:
+        store.engine.dispose()

@@ -483,5 +483,7 @@ async def test_a_confirmed_recovery_and_its_deletion_are_one_write_landed_and_re
             "executor.recovery.succeeded": "dead/succeeded/1", "executor.deleted": "dead/deleted/1"}
         assert rows["executor.deleted"].details == {"recovered_by": "p1"}
         assert rows["executor.recovery.succeeded"].details == succeeded.details
+        # Listed in the order they happened (the audit log and `relay audit --follow` order by time).
+        assert rows["executor.recovery.succeeded"].emit_time < rows["executor.deleted"].emit_time
         assert s.exec(select(RecoveryClaim)).all() == []
     assert "dead" not in {e.executor_id for e in store.list_executors(ORG, APP)}

@@ -137,7 +137,9 @@ async def test_grace_expiry_dies_dispatches_confirms_and_deletes(relay: Relay) -
     assert (delete.input.executor_id, delete.input.details) == (relay.executor_id, {"recovered_by": peer.executor_id})
     assert fakes.audits() == ["executor.recovery.dispatched", "executor.recovery.succeeded"]
     assert all(a.input.details["request_id"] == dispatch.input.request_id for a in fakes.audit_calls)
-    # The success row is written by the deletion, in its transaction: one local activity, not two.
+    # The dispatched row went with the request, for the gateway to write; the success row is written by the
+    # deletion, in its transaction: no local activity of their own.
+    assert dispatch.input.audit == fakes.audit_calls[0].input
     assert delete.input.succeeded == fakes.audit_calls[1].input
     history = await relay.latest.fetch_history()
     assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
@@ -146,11 +148,11 @@ async def test_grace_expiry_dies_dispatches_confirms_and_deletes(relay: Relay) -
 
 
 async def test_a_gateway_that_does_not_confirm_with_the_request_is_asked_apart(relay: Relay) -> None:
-    """A gateway of older code ignores the confirmation sent along and answers the recovery alone: the workflow
-    then asks ``exist_pending_workflows`` itself, and a confirmation that finds workflows left still fails the
-    attempt."""
+    """A gateway of older code ignores the confirmation and the dispatched row sent along and answers the recovery
+    alone: the workflow then writes the row (under the key it sent) and asks ``exist_pending_workflows`` itself, and
+    a confirmation that finds workflows left still fails the attempt."""
     fakes = relay.fakes
-    fakes.confirms_with_request = False
+    fakes.current_gateway = False
     first, second = fakes.peers
     fakes.pending_replies[first.executor_id] = [ExistPendingReply(exist=True)]
     await relay.connect("c1")
@@ -167,6 +169,8 @@ async def test_a_gateway_that_does_not_confirm_with_the_request_is_asked_apart(r
     history = await relay.latest.fetch_history()
     assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
             if e.HasField("activity_task_scheduled_event_attributes")].count("exist_pending_workflows") == 2
+    sent = [c.input.audit for c in fakes.dispatches]
+    assert [c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.dispatched"] == sent
 
 
 async def test_stale_disconnected_is_ignored(relay: Relay) -> None:
@@ -213,7 +217,7 @@ async def test_failing_candidate_then_next_one(relay: Relay, failure: RecoveryRe
     assert fakes.dispatches[0].input.request_id != fakes.dispatches[1].input.request_id
     assert fakes.audits() == ["executor.recovery.dispatched", "executor.recovery.failed",
                               "executor.recovery.dispatched", "executor.recovery.succeeded"]
-    failed = fakes.audit_calls[1].input
+    failed = next(c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.failed")
     assert (failed.status, failed.details["candidate"]) == ("failure", first.executor_id)
     # The retry waits out a backoff first.
     assert fakes.dispatches[1].scheduled - fakes.dispatches[0].scheduled >= BACKOFF_INITIAL

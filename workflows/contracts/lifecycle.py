@@ -279,6 +279,9 @@ class DispatchRecoveryInput:
     # The confirmation, asked by the gateway right after a successful ``recovery`` reply, in this activity (from
     # lifecycle generation 5; before it, an ``exist_pending_workflows`` activity of its own, a workflow task later).
     confirm: ExistPendingInput | None = None
+    # The ``executor.recovery.dispatched`` row, for the gateway to write as it sends the request (from lifecycle
+    # generation 5; before it, a local activity of the workflow's own while the request was out).
+    audit: WriteAuditInput | None = None
 
 
 @dataclass
@@ -288,6 +291,9 @@ class RecoveryReply:
     # The confirmation's answer, when the input asked for it and the recovery succeeded; None from a gateway that
     # does not ask (older code): the workflow then asks with ``exist_pending_workflows``.
     confirmed: ExistPendingReply | None = None
+    # The gateway wrote (or found written) ``audit``; False from one that did not (older code, or its database away):
+    # the workflow writes it, under the same key.
+    audited: bool = False
 
 
 # -- activities: the workflow calls these stubs by reference; the worker and the gateways register the
