@@ -147,32 +147,6 @@ async def test_grace_expiry_dies_dispatches_confirms_and_deletes(relay: Relay) -
                                                                             "dispatch_recovery"]
 
 
-async def test_a_gateway_that_does_not_confirm_with_the_request_is_asked_apart(relay: Relay) -> None:
-    """A gateway of older code ignores the confirmation and the dispatched row sent along and answers the recovery
-    alone: the workflow then writes the row (under the key it sent) and asks ``exist_pending_workflows`` itself, and
-    a confirmation that finds workflows left still fails the attempt."""
-    fakes = relay.fakes
-    fakes.current_gateway = False
-    first, second = fakes.peers
-    fakes.pending_replies[first.executor_id] = [ExistPendingReply(exist=True)]
-    await relay.connect("c1")
-    await relay.wait_statuses(HEALTHY)
-    await relay.disconnect("c1")
-
-    result = await relay.result()
-
-    assert result == LifecycleResult(status="RECOVERED", recovered_by=second.executor_id, attempts=2)
-    assert [(c.input.executor_id, c.task_queue) for c in fakes.exist_calls] == [
-        (first.executor_id, first.gateway_queue), (second.executor_id, second.gateway_queue)]
-    assert fakes.audits() == ["executor.recovery.dispatched", "executor.recovery.failed",
-                              "executor.recovery.dispatched", "executor.recovery.succeeded"]
-    history = await relay.latest.fetch_history()
-    assert [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
-            if e.HasField("activity_task_scheduled_event_attributes")].count("exist_pending_workflows") == 2
-    sent = [c.input.audit for c in fakes.dispatches]
-    assert [c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.dispatched"] == sent
-
-
 async def test_stale_disconnected_is_ignored(relay: Relay) -> None:
     await relay.connect("c1")
     await relay.wait_statuses(HEALTHY)
@@ -386,8 +360,13 @@ async def test_duplicate_signal_ids_are_ignored(relay: Relay) -> None:
     assert relay.fakes.statuses() == [HEALTHY, DISCONNECTED, DEAD]
 
 
-async def test_success_with_pending_workflows_left_is_a_failure(relay: Relay) -> None:
+@pytest.mark.parametrize("current_gateway", [True, False], ids=["current-gateway", "older-gateway"])
+async def test_success_with_pending_workflows_left_is_a_failure(relay: Relay, current_gateway: bool) -> None:
+    """The confirmation finds workflows left: the attempt failed, another peer is tried. A gateway of older code
+    ignores the confirmation and the dispatched row sent along and answers the recovery alone: the workflow then
+    writes the row (under the key it sent) and asks ``exist_pending_workflows`` itself, on the peer's queue."""
     fakes = relay.fakes
+    fakes.current_gateway = current_gateway
     first, second = fakes.peers
     fakes.pending_replies[first.executor_id] = [ExistPendingReply(exist=True)]
     await relay.connect("c1")
@@ -398,12 +377,20 @@ async def test_success_with_pending_workflows_left_is_a_failure(relay: Relay) ->
 
     assert result == LifecycleResult(status="RECOVERED", recovered_by=second.executor_id, attempts=2)
     assert [c.input.executor_id for c in fakes.dispatches] == [first.executor_id, second.executor_id]
-    assert [c.input.executor_id for c in fakes.exist_calls] == [first.executor_id, second.executor_id]
+    assert [(c.input.executor_id, c.task_queue) for c in fakes.exist_calls] == [
+        (first.executor_id, first.gateway_queue), (second.executor_id, second.gateway_queue)]
     assert fakes.audits() == ["executor.recovery.dispatched", "executor.recovery.failed",
                               "executor.recovery.dispatched", "executor.recovery.succeeded"]
-    assert "pending workflows remain" in fakes.audit_calls[1].input.details["reason"]
+    failed = next(c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.failed")
+    assert "pending workflows remain" in failed.details["reason"]
     [delete] = fakes.deletes
     assert delete.scheduled >= fakes.exist_calls[1].scheduled
+    sent = [c.input.audit for c in fakes.dispatches]
+    assert [c.input for c in fakes.audit_calls if c.input.operation == "executor.recovery.dispatched"] == sent
+    history = await relay.latest.fetch_history()
+    scheduled = [e.activity_task_scheduled_event_attributes.activity_type.name for e in history.events
+                 if e.HasField("activity_task_scheduled_event_attributes")]
+    assert scheduled.count("exist_pending_workflows") == (0 if current_gateway else 2)
 
 
 # -- continue-as-new and the edges of a run ---------------------------------------------------------------------
