@@ -14,6 +14,13 @@ Answering a lone ping before the parser saved about a tenth of a heartbeat's CPU
 read and write), and P2 met its target without it; but only the parser knows whether some bytes are a whole frame
 or the middle of a message, and asking it took reading its generator chain and its reader's buffer: websockets'
 internals, which a release may change without a word (tests/unit/test_public_apis.py refuses such reads).
+
+An executor whose client may miss the pong to its own ping (``echo_pings``) gets a second, unsolicited pong
+``ECHO_AFTER`` later (RFC 6455 5.5.3: a pong may be sent unsolicited, as a one-way heartbeat). DBOS's Java client
+(dev.dbos:transact) sends its ping, then arms its 15 s pong timer, and its pong handler cancels whichever timer is
+armed: a pong that overtakes the arming (the pinging thread descheduled for a moment on a busy machine) cancels
+nothing, and the timer then drops a socket whose gateway answered at once. The late pong cancels that timer. It
+says nothing a frozen gateway could say: it comes off the same event loop as the first.
 """
 
 from __future__ import annotations
@@ -26,9 +33,13 @@ from datetime import timedelta
 from typing import Any, ClassVar
 
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.protocol import State
 
 TICK = timedelta(milliseconds=250)  # how late a ping or a silence check may come, at most
 _TICK = TICK.total_seconds()  # on the event loop's clock, which counts seconds
+# After the pinging thread has had ample time to arm its timer, well within the shortest pong timeout (15 s).
+ECHO_AFTER = timedelta(seconds=5)
+_ECHO_AFTER = ECHO_AFTER.total_seconds()
 
 
 class Keepalive:
@@ -77,6 +88,8 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
         self.ping_timeout = None
         self.last_frame_at = 0.0
         self.next_ping_at: float | None = None  # None: not pinging (before the upgrade, after the close)
+        self.echo_pings = False  # each ping gets a second pong, ECHO_AFTER later
+        self.echo_at: float | None = None  # when that pong is due
         self.slot: int | None = None
         keepalive = self._keepalives.get(self.loop)
         if keepalive is None:
@@ -110,6 +123,17 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
     def schedule_ping(self) -> None:
         pass  # the ticker sends the next one
 
+    def handle_ping(self) -> None:
+        super().handle_ping()  # websockets' pong, at once
+        if self.echo_pings and self.echo_at is None:
+            self.echo_later()
+
+    def echo_later(self) -> None:
+        """One unsolicited pong, ``ECHO_AFTER`` from now: at most one that often, however often the client pings
+        (a timer its client armed meanwhile is cancelled by its next ping)."""
+        self.echo_at = self.loop.time() + _ECHO_AFTER
+        self._rewatch()
+
     def check(self, now: float) -> None:
         """Called by the ticker when this socket's ping or silence deadline may be due."""
         if self.transport is None or self.transport.is_closing():
@@ -121,10 +145,16 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
             self.send_keepalive_ping()
             if self.next_ping_at is not None and self.ping_interval is not None:
                 self.next_ping_at = now + self.ping_interval
+        if self.echo_at is not None and now >= self.echo_at:
+            self.echo_at = None
+            if self.conn.state is State.OPEN:
+                self.conn.send_pong(b"")
+                self.transport.write(b"".join(self.conn.data_to_send()))
         self._rewatch()
 
     def _rewatch(self) -> None:
         due = self.last_frame_at + self.ping_wait_s
-        if self.next_ping_at is not None:
-            due = min(due, self.next_ping_at)
+        for then in (self.next_ping_at, self.echo_at):
+            if then is not None:
+                due = min(due, then)
         self.keepalive.watch(self, due)

@@ -62,6 +62,8 @@ _PATH = re.compile(r"/websocket/([^/?]*)/([^/?]*)")
 _app_name = re.compile(APP_PATTERN)
 MALFORMED_AUDITED = 20  # per connection, before audit rows for malformed frames are rate-limited
 CLOSE_REASON_BYTES = 123  # RFC 6455 5.5: a close frame carries at most 123 bytes of reason
+# Executors whose client may miss the pong to its own ping get a second one (gateway.liveness, ``echo_pings``).
+ECHOED_LANGUAGES = frozenset({"java"})
 # A 503 refusal (this gateway is draining or fenced, the database is away, the key's look-up must wait) says when to
 # try again: the SDKs retry every second anyway, and a load balancer sends the retry to a ready gateway.
 RETRY_AFTER = timedelta(seconds=1)
@@ -257,6 +259,9 @@ class ExecutorSocket(LivenessProtocol):
                           session=session, send=self.send_text, key_id=joined.key_id, app_id=joined.app_id,
                           close=self.close_with, widen=self._widen_for(gw))
         self.executor = conn
+        if (info.language or "").lower() in ECHOED_LANGUAGES:
+            self.echo_pings = True
+            self.echo_later()  # its first ping went out as it connected, before it said what it is
         # The signal is the connection's before the hub holds it: a fence probe that finds the socket (or is woken
         # by its arrival, ``Hub.arrival``) answers with it, even while the superseded socket is being closed.
         conn.signal = signal = ConnectedSignal(

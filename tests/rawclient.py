@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from websockets.client import ClientProtocol
@@ -57,6 +58,13 @@ class RawClient:
                     del self.events[i]
                     parsed: dict[str, Any] = json.loads(bytes(frame.data))
                     return parsed
+            if not self._read():
+                raise ConnectionError("closed")
+
+    def read_until(self, done: Callable[[list[Frame]], bool], timeout: float) -> None:
+        """Read frames until ``done`` holds for those recorded (each read may wait ``timeout``)."""
+        self.sock.settimeout(timeout)
+        while not done(self.events):
             if not self._read():
                 raise ConnectionError("closed")
 

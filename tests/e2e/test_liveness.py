@@ -13,8 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from websockets.frames import Opcode
 from websockets.sync.client import connect
 
+from gateway.liveness import ECHO_AFTER
 from tests.rawclient import RawClient
 from tests.support import VENV_BIN, Process, Relay, play_executor, relay_env, running_relay, wait_until
 
@@ -86,6 +88,38 @@ def test_client_that_only_pings_is_never_dropped(fast: Relay) -> None:
         assert _status(fast, "pinger-1") == "HEALTHY"
     finally:
         client.close()
+
+
+def test_a_java_executor_gets_a_second_pong_after_its_ping(fast: Relay) -> None:
+    """An executor that says it is Java gets one unsolicited pong ``ECHO_AFTER`` after a ping of its own (its client
+    may arm its pong timer after the first pong has come, gateway.liveness); an executor of another language gets
+    only the pongs to its pings. Both ping every 0.5 s (the ping wait here is 2 s) for one ECHO_AFTER and a second."""
+    clients = {language: RawClient(_url(fast)) for language in ("java", "python")}
+    try:
+        for language, client in clients.items():
+            client.handshake(f"echo-{language}", language=language)
+            wait_until(lambda: _status(fast, f"echo-{language}") == "HEALTHY", timeout=5,  # noqa: B023
+                       what="HEALTHY")
+            client.events.clear()
+        began = time.monotonic()
+        sent = 0
+        while time.monotonic() - began < ECHO_AFTER.total_seconds() + 1.0:
+            for client in clients.values():
+                client.send_ping()  # payload b"p": the pongs to these carry it
+            sent += 1
+            time.sleep(0.5)
+        for client in clients.values():
+            client.send_ping()
+            client.read_until(lambda frames: sum(1 for f in frames if f.opcode is Opcode.PONG and f.data == b"p")
+                              == sent + 1, timeout=2)  # every ping's pong is in
+        pongs = {language: [bytes(f.data) for f in client.events if f.opcode is Opcode.PONG]
+                 for language, client in clients.items()}
+        assert pongs["python"] == [b"p"] * (sent + 1), pongs["python"]
+        unasked = [p for p in pongs["java"] if p != b"p"]
+        assert unasked == [b""] * len(unasked) and 1 <= len(unasked) <= 2, pongs["java"]  # one an ECHO_AFTER
+    finally:
+        for client in clients.values():
+            client.close()
 
 
 def test_client_that_only_answers_server_pings_is_never_dropped(fast: Relay) -> None:

@@ -263,11 +263,13 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
         try:
             with _stopped_at_end(started):
                 held: dict[str, str] = {}  # executor id -> its SDK
+                logs: dict[str, Process] = {}  # SDK -> its executor, whose output a failure shows
                 for sdk in chosen:
                     app, tmp = f"held-{sdk.name}", data_dir / sdk.name
                     tmp.mkdir()
                     _configure(relay, app, executorTimeoutSecs=60)
-                    started.append(sdk.start(relay, tmp, "executor", app, _system_database(sdk, tmp, request)))
+                    started.append(logs.setdefault(sdk.name, sdk.start(relay, tmp, "executor", app,
+                                                                       _system_database(sdk, tmp, request))))
                     wait_until(lambda: list(relay.executors(app).values()) == ["HEALTHY"], timeout=60,  # noqa: B023
                                what=f"{sdk.name} HEALTHY")
                     [executor_id] = relay.executors(app)
@@ -283,7 +285,8 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
                     waves += 1
                     for sdk in chosen:
                         statuses = relay.executors(f"held-{sdk.name}")
-                        assert list(statuses.values()) == ["HEALTHY"], (sdk.name, statuses)
+                        assert list(statuses.values()) == ["HEALTHY"], _dropped(relay, sdk.name, statuses,
+                                                                                 logs[sdk.name])
                 elapsed = time.monotonic() - began
 
                 for executor_id, name in held.items():
@@ -296,6 +299,15 @@ def test_every_sdk_is_held_through_a_connect_storm(tmp_path_factory: pytest.Temp
         finally:
             generator.stop()
 
+
+
+def _dropped(relay: Relay, name: str, statuses: dict[str, str], executor: Process) -> str:
+    """What a failure of the storm test shows: which side gave up, in the executor's words and in Relay's."""
+    ids = list(statuses)
+    relay_lines = [line for line in relay.process.output().splitlines()
+                   if any(i in line for i in ids) or "relay.contact" in line or " WARNING " in line]
+    return (f"{name}: {statuses}\n-- its executor's log, last lines:\n{executor.output()[-2500:]}\n"
+            f"-- Relay's lines about it:\n" + "\n".join(relay_lines[-20:]))
 
 
 @pytest.mark.concurrent  # outcomes only: beside another test (tests/tiers.py)

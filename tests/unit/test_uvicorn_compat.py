@@ -36,7 +36,7 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from gateway import http_limits, ws
+from gateway import http_limits, liveness, ws
 from gateway.liveness import LivenessProtocol
 from tests.transports import ServerTransport
 
@@ -54,6 +54,7 @@ SANSIO_METHODS: dict[str, tuple[str, ...]] = {
     "start_keepalive": ("self",),  # overridden: pings come from the shared ticker
     "stop_keepalive": ("self",),  # overridden: called when the socket closes
     "schedule_ping": ("self",),  # overridden to do nothing: uvicorn arms its per-socket ping timer through it
+    "handle_ping": ("self",),  # overridden: called per ping received, its pong queued by websockets
     "send_keepalive_ping": ("self",),  # called by the ticker
     "handle_parser_exception": ("self",),  # called after failing a frame that is not UTF-8
     "on_task_complete": ("self", "task"),  # called: the handshake task's done callback
@@ -198,6 +199,9 @@ class _Recording(WebSocketsSansIOProtocol):
     def stop_keepalive(self) -> None:
         self.calls.append(("stop_keepalive", None))
 
+    def handle_ping(self) -> None:
+        self.calls.append(("handle_ping", b"".join(self.conn.data_to_send())))
+
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -222,9 +226,15 @@ def test_the_upgrade_and_each_message_reach_the_hooks(loop: asyncio.AbstractEven
     client.send_binary(b"\x00\x01")
     client.send_text(b"one ", fin=False)
     client.send_continuation(b"message", fin=True)
+    client.send_ping(b"hb")
     protocol.data_received(b"".join(client.data_to_send()))
-    assert protocol.calls[1:] == [("message", ("text", b'{"type": "executor_info"}')),
-                                  ("message", ("bytes", b"\x00\x01")), ("message", ("text", b"one message"))]
+    assert protocol.calls[1:4] == [("message", ("text", b'{"type": "executor_info"}')),
+                                   ("message", ("bytes", b"\x00\x01")), ("message", ("text", b"one message"))]
+    [(hook, pong)] = protocol.calls[4:]  # a ping reaches its hook with websockets' pong queued, not yet written
+    assert hook == "handle_ping"
+    client.receive_data(pong)
+    [frame] = client.events_received()
+    assert isinstance(frame, Frame) and frame.opcode is Opcode.PONG and frame.data == b"hb"
 
     protocol.connection_lost(None)
     assert protocol.calls[-1] == ("stop_keepalive", None)
@@ -309,4 +319,54 @@ def test_a_heartbeat_moves_the_deadline_and_gets_websockets_own_pong(loop: async
     client.receive_data(pong)
     [frame] = client.events_received()
     assert isinstance(frame, Frame) and frame.opcode is Opcode.PONG and frame.data == b"hb"
+    protocol.connection_lost(None)
+
+
+@pytest.mark.parametrize("echoed", [False, True])
+def test_an_echoed_socket_gets_a_second_pong_after_each_ping(loop: asyncio.AbstractEventLoop,
+                                                            monkeypatch: pytest.MonkeyPatch, echoed: bool) -> None:
+    """With ``echo_pings``, a ping is answered at once by websockets and again, unasked, ``ECHO_AFTER`` later by
+    the ticker (not before), one such pong at a time however often the client pings. Without it, one pong a ping."""
+    now = [100.0]
+    monkeypatch.setattr(loop, "time", lambda: now[0])
+    protocol = LivenessProtocol(_config(ws_ping_interval=None), ServerState(), {}, _loop=loop)
+    transport = ServerTransport()
+    protocol.connection_made(transport)
+    protocol.conn = ServerProtocol(state=State.OPEN, max_size=None)
+    protocol.echo_pings = echoed
+    client = ClientProtocol(parse_uri("ws://relay.test/"), state=State.OPEN, max_size=None)
+
+    def pongs_written() -> list[bytes]:
+        client.receive_data(bytes(transport.written))
+        transport.written.clear()
+        frames = client.events_received()
+        assert all(isinstance(f, Frame) and f.opcode is Opcode.PONG for f in frames), frames
+        return [bytes(f.data) for f in frames if isinstance(f, Frame)]
+
+    def ping(payload: bytes) -> None:
+        client.send_ping(payload)
+        protocol.data_received(b"".join(client.data_to_send()))
+
+    echo = liveness.ECHO_AFTER.total_seconds()
+    ping(b"one")
+    assert pongs_written() == [b"one"]
+    now[0] += echo / 2
+    protocol.check(now[0])
+    assert pongs_written() == []
+    ping(b"two")  # one unsolicited pong is due already: this ping does not move it or add one
+    assert pongs_written() == [b"two"]
+    now[0] += echo / 2 - 0.01
+    protocol.check(now[0])
+    assert pongs_written() == []
+    now[0] += 0.02
+    protocol.check(now[0])
+    assert pongs_written() == ([b""] if echoed else [])
+    now[0] += 2 * echo  # (within the ping wait: the socket stays)
+    protocol.check(now[0])
+    assert pongs_written() == []  # one for those pings, not a stream
+    assert protocol.echo_at is None
+    ping(b"three")
+    now[0] += echo
+    protocol.check(now[0])
+    assert pongs_written() == ([b"three", b""] if echoed else [b"three"])
     protocol.connection_lost(None)
