@@ -1,10 +1,10 @@
 """The P3 baseline: raw ``client.start_workflow(..., start_signal=...)`` calls against the Temporal dev server
 Relay uses, for a trivial workflow that a worker (a separate process, like Relay's) runs.
 
-    python -m tests.bench.trivial worker ADDRESS [autoscaled]   run the worker until SIGTERM
-    python -m tests.bench.trivial storm ADDRESS N [autoscaled]  N concurrent calls; prints one JSON line of timings
+    python -m tests.bench.trivial worker ADDRESS [relay-polls]   run the worker until SIGTERM
+    python -m tests.bench.trivial storm ADDRESS N [relay-polls]  N concurrent calls; prints one JSON line of timings
 
-``autoscaled``: a worker that polls for workflow tasks as Relay's does (``worker.WORKFLOW_TASK_POLLERS``), on a task
+``relay-polls``: a worker that polls for workflow tasks as Relay's does (``worker.WORKFLOW_TASK_POLLERS``), on a task
 queue of its own; without it, the SDK's default (at most 5 polls at once).
 """
 
@@ -26,8 +26,8 @@ from temporalio.worker import PollerBehavior, PollerBehaviorSimpleMaximum, Worke
 TASK_QUEUE = "bench-trivial"
 
 
-def _queue(autoscaled: bool) -> str:
-    return f"{TASK_QUEUE}-autoscaled" if autoscaled else TASK_QUEUE
+def _queue(relay_polls: bool) -> str:
+    return f"{TASK_QUEUE}-relay-polls" if relay_polls else TASK_QUEUE
 
 
 @workflow.defn(name="BenchTrivial")
@@ -46,27 +46,27 @@ class Trivial:
         await workflow.wait_condition(lambda: self.signalled)
 
 
-async def worker(address: str, autoscaled: bool) -> None:
+async def worker(address: str, relay_polls: bool) -> None:
     client = await Client.connect(address)
     stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)
     from worker import WORKFLOW_TASK_POLLERS  # here, not at the top: the sandbox re-imports this module
 
-    polls: PollerBehavior = WORKFLOW_TASK_POLLERS if autoscaled else PollerBehaviorSimpleMaximum(5)
-    async with Worker(client, task_queue=_queue(autoscaled), workflows=[Trivial], workflow_task_poller_behavior=polls):
+    polls: PollerBehavior = WORKFLOW_TASK_POLLERS if relay_polls else PollerBehaviorSimpleMaximum(5)
+    async with Worker(client, task_queue=_queue(relay_polls), workflows=[Trivial], workflow_task_poller_behavior=polls):
         print("ready", flush=True)
         await stop.wait()
 
 
-async def storm(address: str, count: int, autoscaled: bool) -> None:
+async def storm(address: str, count: int, relay_polls: bool) -> None:
     client = await Client.connect(address)
     run = uuid.uuid4().hex[:8]
     calls_done: list[float] = []
 
     async def one(i: int) -> float:
         handle = await client.start_workflow(
-            Trivial.run, f"trivial-{i}", id=f"bench-trivial/{run}/{i}", task_queue=_queue(autoscaled),
+            Trivial.run, f"trivial-{i}", id=f"bench-trivial/{run}/{i}", task_queue=_queue(relay_polls),
             start_signal="connected", start_signal_args=[{"connection_id": str(uuid.uuid4())}],
             execution_timeout=timedelta(minutes=10),
         )
@@ -81,9 +81,9 @@ async def storm(address: str, count: int, autoscaled: bool) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "worker":
-        asyncio.run(worker(sys.argv[2], sys.argv[3:] == ["autoscaled"]))
+        asyncio.run(worker(sys.argv[2], sys.argv[3:] == ["relay-polls"]))
     else:
-        asyncio.run(storm(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["autoscaled"]))
+        asyncio.run(storm(sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["relay-polls"]))
         # The figures are out; the SDK's runtime threads have crashed this interpreter at exit (SIGSEGV in
         # PyGILState_Release), failing a run that had measured what it should: leave without tearing them down.
         os._exit(0)

@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 from temporalio.client import Client
 from temporalio.converter import DataConverter
-from temporalio.worker import PollerBehaviorAutoscaling
+from temporalio.worker import PollerBehaviorSimpleMaximum
 
 import worker
 from core.models import make_engine
@@ -42,8 +42,9 @@ def _options(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_workflow_task_polls_leave_most_slots_to_the_tasks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each poll holds a workflow-task slot while it waits: the shared queue's polls and the sticky queue's together
-    hold at most two fifths of them, so a burst on one queue always finds slots (worker.WORKFLOW_TASK_POLLERS)."""
+    (a fixed number, which the SDK splits between them) hold at most two fifths of them, so a burst on one queue
+    always finds slots (worker.WORKFLOW_TASK_POLLERS)."""
     options = _options(tmp_path, monkeypatch)
     polls = options["workflow_task_poller_behavior"]
-    assert isinstance(polls, PollerBehaviorAutoscaling)
-    assert 2 * polls.maximum <= 0.4 * options["max_concurrent_workflow_tasks"], (polls, options)
+    assert isinstance(polls, PollerBehaviorSimpleMaximum)
+    assert 5 <= polls.maximum <= 0.4 * options["max_concurrent_workflow_tasks"], (polls, options)
