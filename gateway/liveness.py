@@ -88,7 +88,7 @@ class LivenessProtocol(WebSocketsSansIOProtocol):
         self.ping_timeout = None
         self.last_frame_at = 0.0
         self.next_ping_at: float | None = None  # None: not pinging (before the upgrade, after the close)
-        self.echo_pings = False  # each ping gets a second pong, ECHO_AFTER later
+        self.echo_pings = False  # a ping gets a second pong ECHO_AFTER later (one at a time: ``echo_later``)
         self.echo_at: float | None = None  # when that pong is due
         self.slot: int | None = None
         keepalive = self._keepalives.get(self.loop)
