@@ -200,16 +200,19 @@ class LifecycleBase:
     async def _audit(self, operation: str, status: str, details: dict[str, object], *,
                      durations: dict[str, timedelta] | None = None) -> str:
         """Write an audit row; its event key."""
+        row = self._audit_input(operation, status, details, durations=durations)
+        await self._db(write_audit, row)
+        return row.event_key
+
+    def _audit_input(self, operation: str, status: str, details: dict[str, object], *,
+                     durations: dict[str, timedelta] | None = None) -> WriteAuditInput:
+        """An audit row about this executor under a new event key (an orphan's rows say so), for ``_audit`` or for
+        an activity that writes it along with its own work."""
         i = self._input
         if self._state.orphan:
             details = {**details, "orphan": True}
-        key = self._event_key(operation)
-        await self._db(
-            write_audit,
-            WriteAuditInput(i.org, i.app, i.executor_id, operation, key, status, dict(details),
-                            dict(durations or {})),
-        )
-        return key
+        return WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation), status,
+                               dict(details), dict(durations or {}))
 
     async def _unblocked(self, outcome: str, *, candidate: str | None = None) -> None:
         """The end of a blocked stretch whose RecoveryBlocked alert went out (``blocked_since``): audited, and its

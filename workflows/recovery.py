@@ -332,10 +332,7 @@ class RecoverySteps(LifecycleBase):
         i = self._input
         succeeded = None
         if self._patched(RECOVERED_IN_ONE_WRITE_PATCH):
-            operation = "executor.recovery.succeeded"
-            row = {**details, "orphan": True} if self._state.orphan else dict(details)
-            succeeded = WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation),
-                                        "success", row)
+            succeeded = self._audit_input("executor.recovery.succeeded", "success", details)
         else:
             await self._audit("executor.recovery.succeeded", "success", details)
         await self._db(
@@ -356,11 +353,7 @@ class RecoverySteps(LifecycleBase):
             await self._call_off()
             return CALLED_OFF
         if self._patched(DISPATCHED_BY_GATEWAY_PATCH):
-            i = self._input
-            operation = "executor.recovery.dispatched"
-            row = {**details, "orphan": True} if self._state.orphan else dict(details)
-            audit = WriteAuditInput(i.org, i.app, i.executor_id, operation, self._event_key(operation), "success",
-                                    row)
+            audit = self._audit_input("executor.recovery.dispatched", "success", details)
             return await self._attempt(candidate, attempt, self._request(candidate, request_id, attempt, audit),
                                        audit)
         request = self._request(candidate, request_id, attempt)
