@@ -18,7 +18,7 @@ from temporalio import activity
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.database import database_calls
-from core import gateways, metrics, units
+from core import gateways, logs, metrics, units
 from core.errors import NotFoundError
 from core.store import Store
 from core.store.registry import RecoveredRow
@@ -252,8 +252,8 @@ def _report_recovery(input: WriteAuditInput, dead_since: datetime | None) -> Non
     extra = _extra(org, app, executor_id, **({"request_id": request_id} if request_id else {}))
     peer, attempt = details.get("candidate"), details.get("attempt")
     if input.operation == "executor.recovery.dispatched":
-        log.info("recovery of executor %s of %s/%s dispatched to %s (attempt %s)", executor_id, org, app, peer,
-                 attempt, extra=extra)
+        logs.recovery_dispatched(log, org=org, app=app, executor_id=executor_id,
+                                 workflow_id=activity.info().workflow_id, details=details)
     elif input.operation == "executor.recovery.succeeded":
         metrics.RECOVERIES.labels(org, app, "succeeded").inc()
         took = _seconds_since(dead_since)

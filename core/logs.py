@@ -14,7 +14,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -329,3 +329,15 @@ def report_suppressed() -> None:
 def _installed_throttle() -> SdkLogThrottle | None:
     """The throttle on the root logger's handlers (``install_temporal_sdk_logging``), if any."""
     return next((f for h in logging.getLogger().handlers for f in h.filters if isinstance(f, SdkLogThrottle)), None)
+
+
+def recovery_dispatched(logger: logging.Logger, *, org: str, app: str, executor_id: str, workflow_id: str | None,
+                        details: Mapping[str, object]) -> None:
+    """The console line of an ``executor.recovery.dispatched`` row, said by the process that wrote it: the gateway as
+    it sends the request, or the worker when the gateway could not (``details``: the row's, with the peer, the
+    attempt and the request id)."""
+    request_id = details.get("request_id")
+    extra = {"org": org, "app": app, "executor_id": executor_id, "workflow_id": workflow_id,
+             **({"request_id": request_id} if request_id else {})}
+    logger.info("recovery of executor %s of %s/%s dispatched to %s (attempt %s)", executor_id, org, app,
+                details.get("candidate"), details.get("attempt"), extra=extra)

@@ -12,7 +12,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from core import units, wire
+from core import logs, units, wire
 from core.errors import ExecutorTimeoutError, ExecutorUnavailableError, ProtocolError, RelayError
 from core.store import Store
 from gateway.hub import Hub
@@ -97,10 +97,8 @@ class HubActivities:
             log.debug("%s of %s left to its workflow: %s", row.operation, row.executor_id, err)
             return False
         if written:
-            log.info("recovery of executor %s of %s/%s dispatched to %s (attempt %s)", row.executor_id, row.org,
-                     row.app, row.details.get("candidate"), row.details.get("attempt"),
-                     extra={"org": row.org, "app": row.app, "executor_id": row.executor_id,
-                            "request_id": row.details.get("request_id")})
+            logs.recovery_dispatched(log, org=row.org, app=row.app, executor_id=row.executor_id,
+                                     workflow_id=activity.info().workflow_id, details=row.details)
         return True
 
     @activity.defn(name=Activity.EXIST_PENDING_WORKFLOWS)

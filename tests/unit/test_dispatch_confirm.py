@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -93,10 +94,12 @@ def _audit_row() -> WriteAuditInput:
                            {"candidate": PEER, "attempt": 1, "request_id": "r-recover"})
 
 
-async def test_the_dispatched_row_sent_along_is_written_once_by_the_gateway_before_the_request(tmp_path: Path) -> None:
+async def test_the_dispatched_row_sent_along_is_written_once_by_the_gateway_before_the_request(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """The gateway writes the `dispatched` row the request carries, under its key, before it sends the request, and
-    says so; a retried activity (the same key) finds it landed and says so too. A gateway without a store (or
-    whose database is away) says it did not, and the workflow writes it."""
+    says so; a retried activity (the same key) finds it landed and says so too, and the console line is said once,
+    with the workflow's id as the worker's lines carry it. A gateway without a store (or whose database is away)
+    says it did not, and the workflow writes it."""
     store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
     store.ensure_app(ORG, APP)
     rows_when_sent: list[int] = []
@@ -108,6 +111,7 @@ async def test_the_dispatched_row_sent_along_is_written_once_by_the_gateway_befo
         hub = Hub()
         sent = _peer(hub, recovered=True, pending=False, on_send=lambda: rows_when_sent.append(dispatched_rows()))
         request = dataclasses.replace(_dispatch(confirm=True), audit=_audit_row())
+        caplog.set_level(logging.INFO, logger="relay.gateway")
         first = await ActivityEnvironment().run(HubActivities(hub, store=store).dispatch_recovery, request)
         again = await ActivityEnvironment().run(HubActivities(hub, store=store).dispatch_recovery, request)
         assert first.audited and again.audited and first.confirmed == ExistPendingReply(False, None)
@@ -115,6 +119,10 @@ async def test_the_dispatched_row_sent_along_is_written_once_by_the_gateway_befo
         [row] = [r for r in store.list_audit(ORG, app=APP) if r.operation == "executor.recovery.dispatched"]
         assert (row.event_key, row.executor_id, row.details) == ("wf/dispatched/1", DEAD, _audit_row().details)
         assert len(sent) == 4
+        [line] = [r for r in caplog.records if "dispatched to" in r.getMessage()]
+        assert line.getMessage() == f"recovery of executor {DEAD} of {ORG}/{APP} dispatched to {PEER} (attempt 1)"
+        assert (line.__dict__["workflow_id"], line.__dict__["request_id"]) == (
+            ActivityEnvironment().info.workflow_id, "r-recover")
 
         without = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, request)
         assert not without.audited and without.success
