@@ -4,10 +4,12 @@ server has no visibility)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from activities.reconcile import RUNNING_LIFECYCLES, running_lifecycles
 from core.temporal import connect
 from tests.support import Relay, play_executor, wait_until
 from workflows.contracts.common import lifecycle_workflow_id
@@ -54,3 +56,30 @@ def test_metrics_count_executors_of_the_callers_org_only(relay: Relay) -> None:
               for sample in family.samples}
     assert counts[("local", app, "HEALTHY")] == 1
     assert "relay_gateway_connections" in text and 'org="fuzz"' not in text
+
+
+def test_the_reconciliation_lists_every_running_lifecycle_page_by_page_and_no_other(relay: Relay) -> None:
+    """``running_lifecycles``, read off the service's pages a few ids at a time: every running lifecycle workflow
+    (those of this test's app among them), none that ended."""
+    app = "listed-app"
+    with relay.api() as api:
+        api.put(f"/v2/orgs/local/apps/{app}")
+    names = [f"listed-{n}" for n in range(5)]
+    ids = {lifecycle_workflow_id("local", app, name) for name in names}
+
+    async def listed() -> set[str]:
+        found = await running_lifecycles(await connect(relay.temporal_address, "default"), page_size=2)
+        assert found is not None, "the dev server has visibility"
+        return found
+
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            stack.enter_context(play_executor(relay, app, name))
+        wait_until(lambda: all(relay.executors(app).get(n) == "HEALTHY" for n in names), timeout=20, what="HEALTHY")
+        wait_until(lambda: ids <= asyncio.run(listed()), timeout=15, what="all five listed")
+        ours = lifecycle_workflow_id("local", app, "")
+        assert {i for i in asyncio.run(listed()) if i.startswith(ours)} == ids
+        assert ids <= asyncio.run(_ids(relay, RUNNING_LIFECYCLES))  # as the SDK's own list has them
+    with relay.api() as api:  # the app deleted: its workflows end
+        assert api.delete(f"/v2/orgs/local/apps/{app}").status_code == 204
+    wait_until(lambda: not ids & asyncio.run(listed()), timeout=15, what="none listed once ended")
