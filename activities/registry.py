@@ -107,7 +107,7 @@ class RegistryActivities:
         found = await self._db(
             self._store.select_candidate,
             org=input.org, app=input.app, app_version=input.app_version, exclude=input.exclude,
-            dead_executor_id=input.dead_executor_id,
+            dead_executor_id=input.dead_executor_id, prefer_gateway=input.prefer_gateway,
         )
         if found is None:
             return None

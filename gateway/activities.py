@@ -66,9 +66,15 @@ class HubActivities:
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
         for dead in input.dead_executor_ids:
-            if self._hub.find(input.org, input.app, dead) is not None:
+            alive = self._hub.find(input.org, input.app, dead)
+            if alive is not None:
                 # Last line of the fence: the executor to recover holds a live socket here. Recovering it would
-                # make a second process run its workflows.
+                # make a second process run its workflows. Asked to look (this is the fence's last look), the
+                # socket is the answer: the workflow calls the recovery off; otherwise the request is refused.
+                if input.look:
+                    log.info("recovery of %s/%s/%s called off: it holds a live socket here (%s)", input.org,
+                             input.app, dead, alive.connection_id)
+                    return RecoveryReply(False, f"executor {dead} is connected to this gateway", alive=alive.signal)
                 raise ApplicationError(f"executor {dead} is connected to this gateway: not recovering it",
                                        type="ExecutorAlive", non_retryable=True)
         frame = wire.recovery_request(input.request_id, input.dead_executor_ids)

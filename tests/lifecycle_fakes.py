@@ -142,6 +142,11 @@ class FakeRelay:
     started: dict[str, asyncio.Event] = field(default_factory=dict)
     # get_registry_row: the row a workflow started by the reconciliation reads back (None: no row).
     registry_row: RegistryRow | None = None
+    # dispatch_recovery on the executor's own gateway queue (a peer there, ``self_peer``): the executor's socket that
+    # gateway finds (None: none). Asked to look (``DispatchRecoveryInput.look``), today's gateway answers with it;
+    # an older one (``looking_gateway`` False), or one not asked, refuses with ``ExecutorAlive``. No request goes out.
+    alive_here: ConnectedSignal | None = None
+    looking_gateway: bool = True
 
     records: list[Call[RecordStatusInput]] = field(default_factory=list)
     timeouts: list[Call[GetExecutorTimeoutInput]] = field(default_factory=list)
@@ -162,6 +167,11 @@ class FakeRelay:
     def self_queue(self) -> str:
         """The gateway queue of the executor under test (``Relay.connected_signal``)."""
         return f"{self.task_queue}-gateway-self"
+
+    @property
+    def self_peer(self) -> Candidate:
+        """A peer on the executor's own gateway (``self_queue``): not among ``peers``; a test scripts it."""
+        return Candidate("peer-s", self.self_queue)
 
     @property
     def peers(self) -> list[Candidate]:
@@ -196,7 +206,7 @@ class FakeRelay:
         return [self.dispatch_recovery, self.exist_pending_workflows]
 
     def self_gateway_activities(self) -> list[Callable[..., Any]]:
-        return [self.probe_gateway]
+        return [self.probe_gateway, self.dispatch_recovery, self.exist_pending_workflows]
 
     @activity.defn(name=Activity.PROBE_GATEWAY)
     async def probe_gateway(self, input: ProbeGatewayInput) -> ProbeGatewayReply:
@@ -319,6 +329,11 @@ class FakeRelay:
     @activity.defn(name=Activity.DISPATCH_RECOVERY)
     async def dispatch_recovery(self, input: DispatchRecoveryInput) -> RecoveryReply:
         await self._call(self.dispatches, input)
+        if self.alive_here is not None and activity.info().task_queue == self.self_queue:
+            if input.look and self.looking_gateway:
+                return RecoveryReply(False, "connected to this gateway", alive=self.alive_here)
+            raise ApplicationError("connected to this gateway: not recovering it", type="ExecutorAlive",
+                                   non_retryable=True)
         audited = False
         if input.audit is not None and self.current_gateway:
             try:

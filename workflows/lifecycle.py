@@ -17,7 +17,12 @@ from datetime import timedelta
 from temporalio import workflow
 
 from workflows.lifecycle_base import Removed
-from workflows.lifecycle_generations import GENERATION_3_PATCH, GENERATION_4_PATCH, GENERATION_5_PATCH
+from workflows.lifecycle_generations import (
+    GENERATION_3_PATCH,
+    GENERATION_4_PATCH,
+    GENERATION_5_PATCH,
+    GENERATION_6_PATCH,
+)
 from workflows.recovery import RecoverySteps
 
 with workflow.unsafe.imports_passed_through():
@@ -117,11 +122,13 @@ class ExecutorLifecycleWorkflow(RecoverySteps):
 
     @workflow.run
     async def run(self, input: LifecycleInput) -> LifecycleResult:
-        # A new run writes generation 5's marker only. A run started on generation 4's or 3's code replays that
-        # one's: asked for here so that its marker meets a call (Core fails a recorded marker that no call asks
+        # A new run writes generation 6's marker only. A run started on generation 5's, 4's or 3's code replays
+        # that one's: asked for here so that its marker meets a call (Core fails a recorded marker that no call asks
         # for); generation 3's answer is needed by nothing, every branch it stands for being the only one left.
         # Older runs are not replayed (workflows/lifecycle_generations.py).
-        if workflow.patched(GENERATION_5_PATCH):
+        if workflow.patched(GENERATION_6_PATCH):
+            self._generation = 6
+        elif workflow.patched(GENERATION_5_PATCH):
             self._generation = 5
         elif workflow.patched(GENERATION_4_PATCH):
             self._generation = 4

@@ -102,8 +102,18 @@ DISPATCHED_BY_GATEWAY_PATCH = "dispatched-row-by-the-gateway"
 # Generation 5: generation 4 and the three patches above.
 PATCHES_IN_GENERATION_5 = PATCHES_IN_GENERATION_4 | {CONFIRM_WITH_REQUEST_PATCH, RECOVERED_IN_ONE_WRITE_PATCH,
                                                      DISPATCHED_BY_GATEWAY_PATCH}
+# From this patch on, the last look before a recovery request is the sending gateway's own when the peer is on the
+# dead executor's last gateway: that gateway looks for the dead executor's socket as it picks the request up
+# (``DispatchRecoveryInput.look``), later than a probe would and in the same place, and answers a live socket
+# with its connection (``RecoveryReply.alive``), which calls the recovery off as a probe's would. One activity and
+# one workflow task less per death; the peer is looked for on that gateway first (``SelectCandidateInput.prefer_
+# gateway``). Only a recovery's first attempt goes without the probe: a gateway of older code refuses with an
+# error instead (``ExecutorAlive``), a failed attempt, and every attempt after a failure is probed as before.
+LAST_LOOK_BY_THE_SENDER_PATCH = "last-look-by-the-sending-gateway"
+# Generation 6: generation 5 and the patch above.
+PATCHES_IN_GENERATION_6 = PATCHES_IN_GENERATION_5 | {LAST_LOOK_BY_THE_SENDER_PATCH}
 # The patches each generation this code replays stands for (generation 3 stands for none still asked).
-PATCHES_BY_GENERATION = {4: PATCHES_IN_GENERATION_4, 5: PATCHES_IN_GENERATION_5}
+PATCHES_BY_GENERATION = {4: PATCHES_IN_GENERATION_4, 5: PATCHES_IN_GENERATION_5, 6: PATCHES_IN_GENERATION_6}
 
 
 class LifecycleBase:
@@ -114,7 +124,7 @@ class LifecycleBase:
     _signals_this_run: int
     _removed: RemovedSignal | None
     _peer_hint: bool
-    _generation: int  # the generation whose marker the run has: 5, 4 or 3 (the oldest replayed)
+    _generation: int  # the generation whose marker the run has: 6, 5, 4 or 3 (the oldest replayed)
 
     def _check_removed(self) -> None:
         if self._removed is not None:

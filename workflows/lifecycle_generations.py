@@ -13,6 +13,7 @@ from __future__ import annotations
 GENERATION_3_PATCH = "lifecycle-generation-3"
 GENERATION_4_PATCH = "lifecycle-generation-4"
 GENERATION_5_PATCH = "lifecycle-generation-5"
+GENERATION_6_PATCH = "lifecycle-generation-6"
 # Every generation marker a lifecycle run has written, by its number; those this code no longer replays stay
 # listed, so the check names a run's generation rather than calling it unknown.
 GENERATIONS: dict[str, int] = {
@@ -21,9 +22,10 @@ GENERATIONS: dict[str, int] = {
     GENERATION_3_PATCH: 3,
     GENERATION_4_PATCH: 4,
     GENERATION_5_PATCH: 5,
+    GENERATION_6_PATCH: 6,
 }
 # What a new run writes.
-NEWEST_GENERATION = 5
+NEWEST_GENERATION = 6
 # This code replays the runs of this generation and newer. An older run's history fails here with nondeterminism:
 # its generation's marker (or its first patch's) meets no ``workflow.patched`` call, which Core refuses.
 OLDEST_REPLAYED_GENERATION = 3

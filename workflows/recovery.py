@@ -24,6 +24,7 @@ from workflows.lifecycle_base import (
     DB_RETRY,
     DEAD_IN_ONE_STEP_PATCH,
     DISPATCHED_BY_GATEWAY_PATCH,
+    LAST_LOOK_BY_THE_SENDER_PATCH,
     RECOVERED_IN_ONE_WRITE_PATCH,
     Abandoned,
     LifecycleBase,
@@ -213,7 +214,7 @@ class RecoverySteps(LifecycleBase):
         declared: DeclaredDead = await self._db(declare_dead, DeclareDeadInput(
             self._status_input(ExecutorStatus.DEAD, "executor.dead", details={}), ask,
             SelectCandidateInput(i.org, i.app, self._version(), exclude=[i.executor_id],
-                                 dead_executor_id=i.executor_id),
+                                 dead_executor_id=i.executor_id, prefer_gateway=state.gateway_queue),
             gateway_queue=state.gateway_queue))
         self._recorded(ExecutorStatus.DEAD)
         state.gate_ticket = ask.ticket
@@ -259,9 +260,10 @@ class RecoverySteps(LifecycleBase):
             if candidate is None:
                 continue  # after a wait for a peer, or a backoff: look again
             known, run.declared = (run.declared.gateway_gone if run.declared else None), None
-            if not await self._still_gone(known):
+            look = self._sender_looks(candidate, run, known)
+            if not look and not await self._still_gone(known):
                 return None
-            error = await self._dispatch_and_confirm(candidate, run)
+            error = await self._dispatch_and_confirm(candidate, run, look=look)
             if error is CALLED_OFF:
                 return None
             if error is None:
@@ -270,6 +272,16 @@ class RecoverySteps(LifecycleBase):
             await self._audit("executor.recovery.failed", "failure", {**run.details, "reason": error})
             run.failed.append(candidate.executor_id)
             run.backoff = await timing.backoff(run.backoff, f"after attempt {run.attempt}")
+
+    def _sender_looks(self, candidate: Candidate, run: _Recovery, known: GatewayGoneReply | None) -> bool:
+        """Whether the fence's last look is the request's own (``LAST_LOOK_BY_THE_SENDER_PATCH``): the peer is on the
+        dead executor's last gateway, which looks for its socket as it picks the request up, later than a probe
+        would and in the same place. Only on a recovery's first attempt, with the gateway not known gone and the
+        executor not back; the patch is asked last, so a run of an older generation writes its marker only here."""
+        queue = self._state.gateway_queue
+        return (run.attempt == 0 and bool(queue) and candidate.gateway_queue == queue
+                and not (known is not None and known.gone) and not self._back()
+                and self._patched(LAST_LOOK_BY_THE_SENDER_PATCH))
 
     async def _peer(self, run: _Recovery, back: Callable[[], bool]) -> Candidate | None:
         """A HEALTHY peer of the dead executor's version, claimed for this recovery; None after waiting for one (no
@@ -284,7 +296,7 @@ class RecoverySteps(LifecycleBase):
             candidate = await self._db(
                 select_candidate,
                 SelectCandidateInput(i.org, i.app, run.version, exclude=[i.executor_id, *run.failed],
-                                     dead_executor_id=i.executor_id),
+                                     dead_executor_id=i.executor_id, prefer_gateway=self._state.gateway_queue),
             )
         if candidate is not None:
             run.blocked = False
@@ -311,9 +323,10 @@ class RecoverySteps(LifecycleBase):
             await workflow.wait_condition(lambda: self._peer_hint or back(), timeout=BLOCKED_RECHECK,
                                           timeout_summary="waiting for a HEALTHY peer")
 
-    async def _dispatch_and_confirm(self, candidate: Candidate, run: _Recovery) -> str | None:
+    async def _dispatch_and_confirm(self, candidate: Candidate, run: _Recovery, *, look: bool = False) -> str | None:
         """One attempt via ``candidate``: the request, its answer and the confirmation. The failure reason, None on
-        success, or ``CALLED_OFF`` (the executor was back before the request went out)."""
+        success, or ``CALLED_OFF`` (the executor was back before the request went out). ``look``: the gateway's
+        look is the fence's last (``_sender_looks``)."""
         await self._unblocked(f"a HEALTHY executor of version {run.version!r} is there: recovery goes ahead via "
                               f"{candidate.executor_id}", candidate=candidate.executor_id)
         run.attempt += 1
@@ -324,7 +337,7 @@ class RecoverySteps(LifecycleBase):
                                note="current SDKs recover only their own version's workflows; confirmation "
                                     "may keep failing")
         self._describe(f"recovery via `{candidate.executor_id}`, attempt {run.attempt}")
-        return await self._dispatch(candidate, request_id, run.attempt, run.details)
+        return await self._dispatch(candidate, request_id, run.attempt, run.details, look=look)
 
     async def _recovered(self, candidate: Candidate, details: dict[str, object]) -> None:
         """Confirmed: the audit row, then the dead executor's registry row deleted; since
@@ -342,7 +355,7 @@ class RecoverySteps(LifecycleBase):
         )
 
     async def _dispatch(self, candidate: Candidate, request_id: str, attempt: int,
-                        details: dict[str, object]) -> str | None:
+                        details: dict[str, object], *, look: bool = False) -> str | None:
         """The last look, then the request: the failure reason, None on success, or ``CALLED_OFF``.
 
         Nothing is awaited between the look and scheduling the request, so a `connected` that lands before the
@@ -354,8 +367,8 @@ class RecoverySteps(LifecycleBase):
             return CALLED_OFF
         if self._patched(DISPATCHED_BY_GATEWAY_PATCH):
             audit = self._audit_input("executor.recovery.dispatched", "success", details)
-            return await self._attempt(candidate, attempt, self._request(candidate, request_id, attempt, audit),
-                                       audit)
+            return await self._attempt(candidate, attempt,
+                                       self._request(candidate, request_id, attempt, audit, look=look), audit)
         request = self._request(candidate, request_id, attempt)
         try:
             await self._audit("executor.recovery.dispatched", "success", details)
@@ -392,16 +405,17 @@ class RecoverySteps(LifecycleBase):
                 await workflow.wait_condition(back, timeout=wait, timeout_summary=f"recovery held: {reply.reason}")
         return False
 
-    def _request(self, candidate: Candidate, request_id: str, attempt: int, audit: WriteAuditInput | None = None
-                 ) -> ActivityHandle[RecoveryReply]:
+    def _request(self, candidate: Candidate, request_id: str, attempt: int, audit: WriteAuditInput | None = None,
+                 *, look: bool = False) -> ActivityHandle[RecoveryReply]:
         """Schedule the ``recovery`` request through the candidate's gateway (in this workflow task); since
-        ``CONFIRM_WITH_REQUEST_PATCH`` with its confirmation (``_confirm_input``) for the gateway to ask right after."""
+        ``CONFIRM_WITH_REQUEST_PATCH`` with its confirmation (``_confirm_input``) for the gateway to ask right after;
+        ``look``: the gateway answers the dead executor's socket there instead of sending (``_sender_looks``)."""
         i = self._input
         confirm = self._confirm_input(candidate) if self._patched(CONFIRM_WITH_REQUEST_PATCH) else None
         return workflow.start_activity(
             dispatch_recovery,
             DispatchRecoveryInput(candidate.executor_id, [i.executor_id], request_id, i.recovery_timeout,
-                                  org=i.org, app=i.app, confirm=confirm, audit=audit),
+                                  org=i.org, app=i.app, confirm=confirm, audit=audit, look=look),
             task_queue=candidate.gateway_queue, retry_policy=ONCE,
             schedule_to_start_timeout=SOCKET_SCHEDULE_TO_START,
             # Two requests when the confirmation comes along, each given the recovery timeout.
@@ -431,6 +445,12 @@ class RecoverySteps(LifecycleBase):
                 if audit is not None and not isinstance(err.cause, CancelledError):
                     await self._db(write_audit, audit)  # no answer: the gateway may not have written it
                 raise
+            if reply.alive is not None:
+                # The gateway's look found the dead executor's socket: no request went out (no dispatched row).
+                if not self._back():  # a `connected` that landed meanwhile outranks the look's answer
+                    self._state.connection = reply.alive
+                await self._call_off()
+                return CALLED_OFF
             if audit is not None and not reply.audited:
                 await self._db(write_audit, audit)
             if not reply.success:

@@ -47,10 +47,10 @@ _DRAINED = _ROUTABLE.with_only_columns(col(Executor.executor_id), col(Executor.a
 # among every HEALTHY executor of the app, and building an ORM object per row cost 25 ms at 1,000 executors, under the
 # database's write lock (a burst of deaths waited on it in line).
 _ELIGIBLE_PEERS = _ELIGIBLE.with_only_columns(col(Executor.executor_id), col(Executor.app_version))
-# One eligible peer of a version that is not busy, at random: no recovery claims it (but this death's own claim, a
-# retry's), no operator's request counting, no recent ticket names it as the peer of another death. Busy is decided in
-# the database: read into Python (every claim and ticket of the app, then a NOT IN of all their peers), each
-# selection of a burst of deaths cost as much as all the deaths before it.
+# One eligible peer of a version that is not busy, at random (one on the ``prefer`` gateway queue first): no recovery
+# claims it (but this death's own claim, a retry's), no operator's request counting, no recent ticket names it as the
+# peer of another death. Busy is decided in the database: read into Python (every claim and ticket of the app, then a
+# NOT IN of all their peers), each selection of a burst of deaths cost as much as all the deaths before it.
 _IDLE_PEER = _ELIGIBLE_PEERS.where(
     col(Executor.app_version) == bindparam("version"),
     col(Executor.executor_id).not_in(bindparam("exclude", expanding=True)),
@@ -63,7 +63,7 @@ _IDLE_PEER = _ELIGIBLE_PEERS.where(
     col(Executor.executor_id).not_in(select(RecoveryTicket.candidate_id).where(
         RecoveryTicket.org == bindparam("org"), RecoveryTicket.app == bindparam("app"),
         RecoveryTicket.executor_id != bindparam("dead"), col(RecoveryTicket.candidate_id).is_not(None))),
-).order_by(func.random()).limit(1)
+).order_by((col(Executor.gateway_queue) == bindparam("prefer")).desc(), func.random()).limit(1)
 # Recording the claim: plain statements built once (the ORM's get, merge and refresh cost ~2 ms a death, under the
 # database's write lock in a burst of deaths).
 _PEER_ROW = select(*Executor.__table__.columns).where(  # type: ignore[attr-defined]
@@ -108,12 +108,14 @@ def candidates_on(c: Connection, org: str, app: str) -> Candidates:
 
 class ClaimsStore(StoreBase):
     def select_candidate(self, *, org: str, app: str, app_version: str, exclude: list[str],
-                         dead_executor_id: str = "") -> tuple[Executor, bool] | None:
+                         dead_executor_id: str = "", prefer_gateway: str = "") -> tuple[Executor, bool] | None:
         """Claim a HEALTHY peer for ``dead_executor_id``'s recovery: ``(peer, cross_version)``, or None.
 
         The choice is ``candidates.select_candidate``'s; this loads what it reads and records the claim.
         Drained executors are never chosen. Recoveries the peers carried recently (the gate's tickets) break ties
         between equally busy peers, so paced recoveries, each chosen when none is in flight, still spread evenly.
+        An idle peer on ``prefer_gateway`` (the dead executor's last gateway, which then looks for its socket as it
+        sends the request) is chosen before idle peers elsewhere; when every peer is busy, it makes no difference.
         """
         with self.engine.begin() as conn:  # plain rows, not the ORM's: building them costs more than the query
             stale = utcnow() - MANAGEMENT_CLAIM_TTL
@@ -122,7 +124,8 @@ class ClaimsStore(StoreBase):
             # eligible peer read and ranked: at 1,000 executors that read cost a burst of deaths 20 ms each.
             idle = conn.execute(_IDLE_PEER, {"org": org, "app": app, "status": ExecutorStatus.HEALTHY,
                                              "now": utcnow(), "version": app_version, "exclude": sorted(exclude),
-                                             "dead": dead_executor_id, "stale": stale}).first()
+                                             "dead": dead_executor_id, "stale": stale,
+                                             "prefer": prefer_gateway}).first()
             found: tuple[Any, bool] | None = (idle, False) if idle is not None else None
             if found is None:
                 claims = {c.dead_executor_id: c.candidate_id for c in conn.execute(_CLAIMS, {"org": org,

@@ -1,7 +1,7 @@
 """`relay patches check` on `relay dev`: an open lifecycle run of a generation the next release no longer replays
 makes it exit 1 and names the run; once no such run is open it exits 0.
 
-Beside a real executor's run (started by the gateway, generation 5), two runs as older code started them: a
+Beside a real executor's run (started by the gateway, the newest generation), two runs as older code started them: a
 stand-in workflow registered under the lifecycle's type name, on a task queue of the test's own that Relay's worker
 does not poll, writes the marker its code wrote first thing (generation 3's; a patch of before generation 1) and
 idles, as a HEALTHY executor's run does. Only their histories are read, so the test's worker may stop."""
@@ -21,7 +21,7 @@ from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from core.temporal import connect as temporal_connect
 from tests.support import VENV_BIN, Relay, play_executor, running_relay, wait_recorded, wait_until
 from workflows.contracts.common import LIFECYCLE_WORKFLOW_TYPE, lifecycle_workflow_id
-from workflows.lifecycle_generations import GENERATION_3_PATCH
+from workflows.lifecycle_generations import GENERATION_3_PATCH, NEWEST_GENERATION
 
 pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
@@ -86,12 +86,12 @@ def test_an_open_run_of_an_older_generation_blocks_the_upgrade_until_it_ends(tmp
             assert blocked.returncode == 1, blocked.stdout + blocked.stderr
             assert gen3 in blocked.stdout and gen0 in blocked.stdout, blocked.stdout
             assert "not safe yet: 2 open lifecycle run(s) older than generation 4" in blocked.stdout, blocked.stdout
-            assert current not in blocked.stdout  # generation 5: the next release replays it
+            assert current not in blocked.stdout  # generation 6: the next release replays it
             print(f"\n{blocked.stdout}")
 
             report = json.loads(_check(relay, "-o", "json").stdout)
             generations = {run["workflow_id"]: run["generation"] for run in report["runs"]}
-            assert generations == {current: 5, gen3: 3, gen0: 0}, generations
+            assert generations == {current: NEWEST_GENERATION, gen3: 3, gen0: 0}, generations
             assert report["safe"] is False and report["replaysFrom"] == 4
 
             # Code that still replays generation 3 (this release's) is blocked by the run of generation 0 only.

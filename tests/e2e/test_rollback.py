@@ -3,7 +3,7 @@ says: the previous release's code, taken from this repository's history, replays
 
 The previous release is the code before the newest lifecycle generation (``workflows.lifecycle_generations``; the
 patch policy counts releases by generation). Its workers, put back over this release's histories:
-- replay every run still on its own generation (the recordings in ``tests/histories/before-generation-5/``): a run
+- replay every run still on its own generation (the recordings in ``tests/histories/before-generation-6/``): a run
   that began before the upgrade carries on after the rollback;
 - fail every run this release started (the recordings of ``tests/histories/``): the newest generation's marker meets
   no ``workflow.patched`` call in the older code, which Temporal's Core refuses as nondeterminism. Such a run's
@@ -26,8 +26,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.concurrent]
 
 ROOT = Path(__file__).parents[2]
 HISTORIES = ROOT / "tests" / "histories"
-# The previous release: the last commit before generation 5 came in, and the generation it writes.
-PREVIOUS_RELEASE, PREVIOUS_GENERATION = "686e43a", 4
+# The previous release: the last commit before generation 6 came in, and the generation it writes.
+PREVIOUS_RELEASE, PREVIOUS_GENERATION = "05a2088", 5
 # Run in the previous release's tree: replay each history given, print {path: "ok" or the failure}.
 REPLAY = """
 import asyncio, json, sys
@@ -88,7 +88,7 @@ def test_the_previous_release_writes_the_generation_before_this_ones() -> None:
 
 def test_a_rollback_keeps_the_runs_of_its_own_generation_and_strands_those_this_release_started(
         previous_release: Path) -> None:
-    own = sorted(p for p in (HISTORIES / "before-generation-5").glob("*.json") if _lifecycle(p))
+    own = sorted(p for p in (HISTORIES / "before-generation-6").glob("*.json") if _lifecycle(p))
     started_here = sorted(p for p in HISTORIES.glob("*.json") if _lifecycle(p))
     assert len(own) >= 10 and len(started_here) >= 10, (own, started_here)
     results = _replay(previous_release, own + started_here)
@@ -96,4 +96,4 @@ def test_a_rollback_keeps_the_runs_of_its_own_generation_and_strands_those_this_
     for path in started_here:
         failure = results[str(path)]
         assert failure.startswith("NondeterminismError") and "patch marker" in failure, (path, failure)
-        assert lifecycle_generations.GENERATION_5_PATCH in failure, (path, failure)
+        assert lifecycle_generations.GENERATION_6_PATCH in failure, (path, failure)

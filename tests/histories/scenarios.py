@@ -153,6 +153,32 @@ async def happy_recovery(lc: Lifecycle) -> None:
     expect(await lc.die(), "RECOVERED", attempts=1, by="peer-a")
 
 
+async def recovered_via_its_own_gateway(lc: Lifecycle) -> None:
+    """The peer is on the dead executor's own gateway, which looks for its socket as it sends the request: no probe
+    right before it (lifecycle generation 6)."""
+    fakes = lc.fakes
+    fakes.candidate_script.append(fakes.self_peer)
+    expect(await lc.die(), "RECOVERED", attempts=1, by=fakes.self_peer.executor_id)
+    check(len(fakes.probes) == 1 and fakes.dispatches[0].input.look, f"calls {fakes.summary()}")
+
+
+async def called_off_by_the_sending_gateway(lc: Lifecycle) -> None:
+    """The peer is on the dead executor's own gateway, where the executor holds a live socket again: the gateway
+    answers with it instead of sending, and the recovery is called off; HEALTHY again."""
+    fakes = lc.fakes
+    fakes.candidate_script.append(fakes.self_peer)
+    fakes.alive_here = lc.relay.connected_signal("c2")
+    await lc.connect("c1")
+    await lc.healthy("c1")
+    await lc.relay.disconnect("c1")
+    await lc.env.sleep(GRACE + timedelta(seconds=5))
+    await lc.relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    check(fakes.audits()[-1] == "executor.recovery.cancelled" and "executor.recovery.dispatched" not in fakes.audits(),
+          f"audits {fakes.audits()}")
+    await lc.relay.remove()
+    expect(await lc.relay.result(), "REMOVED")
+
+
 async def held_then_recovered(lc: Lifecycle) -> None:
     """The recovery gate holds the recovery twice (an operator's pause, then the storm breaker's pacing): each
     time the workflow waits on a timer and asks again, about the same death; then it recovers."""
@@ -570,4 +596,6 @@ SCENARIOS = [
     Scenario("gateway-known-gone", gateway_known_gone),
     Scenario("back-while-the-fence-holds", back_while_the_fence_holds),
     Scenario("orphan-recovered", orphan_recovered),
+    Scenario("recovered-via-its-own-gateway", recovered_via_its_own_gateway),
+    Scenario("called-off-by-the-sending-gateway", called_off_by_the_sending_gateway),
 ]

@@ -41,3 +41,9 @@ def test_a_second_socket_while_healthy_costs_two() -> None:
     second, removed = signals[1], signals[2]
     between = [what for n, what in actions_of(events) if second <= n < removed]
     assert sorted(between) == ["markers of a workflow task (local activities)", "signal connected"], between
+
+
+def test_a_death_recovered_via_its_own_gateway_costs_ten() -> None:
+    # As above, less the probe right before the request (lifecycle generation 6): the peer's gateway is the dead
+    # executor's own, and looks for its socket as it picks the request up.
+    assert _phases("recovered-via-its-own-gateway.json", "death") == {"connect": 2, "death": 10}

@@ -14,6 +14,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from core import wire
@@ -126,5 +127,51 @@ async def test_the_dispatched_row_sent_along_is_written_once_by_the_gateway_befo
 
         without = await ActivityEnvironment().run(HubActivities(hub).dispatch_recovery, request)
         assert not without.audited and without.success
+    finally:
+        store.engine.dispose()
+
+
+def _dead_here(hub: Hub) -> ConnectedSignal:
+    """The dead executor back on this gateway: a socket of it in ``hub`` (nothing is ever sent to it here)."""
+
+    async def refuse(frame: str) -> None:
+        raise AssertionError(f"sent to the dead executor: {frame}")
+
+    async def close(code: int, reason: str) -> None:
+        pass
+
+    conn = Connection(connection_id="c-dead", org=ORG, app=APP, executor_id=DEAD, session=Session(), send=refuse,
+                      close=close)
+    conn.signal = ConnectedSignal(connection_id="c-dead", gateway_queue="relay-gateway-test", info=ExecutorInfo(DEAD),
+                                  signal_id="s-dead")
+    hub.attach(conn)
+    return conn.signal
+
+
+async def test_the_dead_executor_here_is_the_answer_when_asked_to_look_and_a_refusal_when_not(
+        tmp_path: Path) -> None:
+    """Asked to look (lifecycle generation 6: the fence's last look is this gateway's own), a socket of the executor
+    to recover answers the request with its connection: nothing sent to the peer, no `dispatched` row. Not asked
+    (older workflows), the request is refused with ``ExecutorAlive``, as before. Either way nothing is sent."""
+    store = Store(make_engine(f"sqlite:///{tmp_path / 'relay.db'}"))
+    store.ensure_app(ORG, APP)
+    try:
+        hub = Hub()
+        sent = _peer(hub, recovered=True, pending=False)
+        signal = _dead_here(hub)
+        request = dataclasses.replace(_dispatch(confirm=True), audit=_audit_row())
+        activities = HubActivities(hub, store=store)
+
+        looked = await ActivityEnvironment().run(activities.dispatch_recovery, dataclasses.replace(request, look=True))
+        assert (looked.success, looked.alive, looked.audited, looked.confirmed) == (False, signal, False, None)
+        with pytest.raises(ApplicationError) as refused:
+            await ActivityEnvironment().run(activities.dispatch_recovery, request)
+        assert refused.value.type == "ExecutorAlive" and refused.value.non_retryable
+        assert sent == [] and [r.operation for r in store.list_audit(ORG, app=APP)] == ["app.registered"]
+
+        hub.detach(hub.get(ORG, APP, DEAD))
+        gone = await ActivityEnvironment().run(activities.dispatch_recovery, dataclasses.replace(request, look=True))
+        assert gone.success and gone.alive is None and [f["type"] for f in sent] == [
+            "recovery", "exist_pending_workflows"]
     finally:
         store.engine.dispose()

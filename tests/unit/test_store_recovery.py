@@ -47,17 +47,32 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     store.engine.dispose()
 
 
-def _executor(store: Store, executor_id: str, version: str, status: ExecutorStatus) -> None:
+def _executor(store: Store, executor_id: str, version: str, status: ExecutorStatus, *,
+              gateway_queue: str = "relay-gateway-test") -> None:
     store.record_status(org=ORG, app=APP, executor_id=executor_id, status=status, operation="test",
                         event_key=f"{executor_id}/{status}", connection_id=f"conn-{executor_id}",
-                        gateway_queue="relay-gateway-test", details={},
+                        gateway_queue=gateway_queue, details={},
                         info=ExecutorInfo(executor_id, application_version=version))
 
 
-def _pick(store: Store, dead: str, version: str = "v1", exclude: list[str] | None = None) -> tuple[str, bool] | None:
+def _pick(store: Store, dead: str, version: str = "v1", exclude: list[str] | None = None, *,
+          prefer_gateway: str = "") -> tuple[str, bool] | None:
     found = store.select_candidate(org=ORG, app=APP, app_version=version, exclude=[dead, *(exclude or [])],
-                                   dead_executor_id=dead)
+                                   dead_executor_id=dead, prefer_gateway=prefer_gateway)
     return None if found is None else (found[0].executor_id, found[1])
+
+
+def test_an_idle_peer_on_the_dead_executors_gateway_comes_first(store: Store) -> None:
+    """``prefer_gateway``: the idle peers on that gateway queue before those elsewhere (that gateway then looks for
+    the dead executor's socket itself as it sends the request); once they are all busy, any idle one; then the
+    least busy, wherever it is."""
+    for peer, queue in (("a1", "gw-a"), ("a2", "gw-a"), ("b1", "gw-b"), ("b2", "gw-b"), ("b3", "gw-b")):
+        _executor(store, peer, "v1", ExecutorStatus.HEALTHY, gateway_queue=queue)
+    first = [_pick(store, f"dead-{i}", prefer_gateway="gw-a") for i in range(2)]
+    assert sorted(p[0] for p in first if p is not None) == ["a1", "a2"]
+    then = [_pick(store, f"dead-{i}", prefer_gateway="gw-a") for i in range(2, 5)]
+    assert sorted(p[0] for p in then if p is not None) == ["b1", "b2", "b3"]
+    assert _pick(store, "dead-5", prefer_gateway="gw-a") is not None  # all busy: the least busy, anywhere
 
 
 def test_recoveries_spread_evenly_across_survivors(store: Store) -> None:

@@ -118,7 +118,8 @@ async def test_grace_expiry_dies_dispatches_confirms_and_deletes(relay: Relay) -
     assert disconnected.input.durations == {"executorTimeoutSecs": GRACE}
 
     assert [c.input for c in fakes.selects] == [
-        SelectCandidateInput(ORG, APP, VERSION, exclude=[relay.executor_id], dead_executor_id=relay.executor_id)]
+        SelectCandidateInput(ORG, APP, VERSION, exclude=[relay.executor_id], dead_executor_id=relay.executor_id,
+                             prefer_gateway=fakes.self_queue)]
     [dispatch] = fakes.dispatches
     assert dispatch.task_queue == peer.gateway_queue
     assert dispatch.input.executor_id == peer.executor_id

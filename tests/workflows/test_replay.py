@@ -174,7 +174,7 @@ async def test_a_retired_history_fails_replay(monkeypatch: pytest.MonkeyPatch) -
 
 
 # Each folder's lifecycle runs, by the generation their first workflow task wrote (0: none, before generation 1).
-GENERATION_OF_FOLDER = {"histories": 5, "before-generation-5": 4, "before-generation-4": 3,
+GENERATION_OF_FOLDER = {"histories": 6, "before-generation-6": 5, "before-generation-5": 4, "before-generation-4": 3,
                         "before-generation-3": 2, "before-generation-2": 1, "before-own-alerts-at-once": 1}
 
 
@@ -190,7 +190,7 @@ def test_the_check_reads_each_recorded_runs_generation() -> None:
     assert not wrong, wrong
     assert all(g is not None and g >= oldest for p, g in read.items() if p in FIXTURES)
     assert all(g is not None and g < oldest for p, g in read.items() if p in RETIRED_FIXTURES)
-    assert lifecycle_generations.GENERATIONS[lifecycle_generations.GENERATION_5_PATCH] == (
+    assert lifecycle_generations.GENERATIONS[lifecycle_generations.GENERATION_6_PATCH] == (
         lifecycle_generations.NEWEST_GENERATION)
     assert oldest <= lifecycle_generations.NEXT_RELEASE_REPLAYS_FROM <= lifecycle_generations.NEWEST_GENERATION
     # A run that has completed no workflow task has run no code: no generation yet.
@@ -363,11 +363,12 @@ async def test_a_changed_gateway_workflow_fails_replay(tmp_path: Path, monkeypat
 # -- what a new run writes ------------------------------------------------------------------------------------
 
 
-async def test_a_new_run_asks_for_one_patch_only() -> None:
+@pytest.mark.parametrize("name", ["happy-recovery", "recovered-via-its-own-gateway"])
+async def test_a_new_run_asks_for_one_patch_only(name: str) -> None:
     """A run started by today's code writes one patch marker (the generation's) and one ``TemporalChangeVersion``
     upsert, not one per patch: on the way from the grace's end to DEAD it writes none. Played live, so a
     ``workflow.patched`` added outside the generation shows here before anyone re-records a fixture."""
-    scenario = next(s for s in SCENARIOS if s.name == "happy-recovery")
+    scenario = next(s for s in SCENARIOS if s.name == name)
     env = await start_env()
     try:
         [history] = await record(env, scenario)
@@ -379,7 +380,7 @@ async def test_a_new_run_asks_for_one_patch_only() -> None:
     versions = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES
                 and "TemporalChangeVersion" in e.upsert_workflow_search_attributes_event_attributes
                 .search_attributes.indexed_fields]
-    assert len(patches) == 1 and lifecycle_generations.GENERATION_5_PATCH.encode() in patches[0].payloads[0].data
+    assert len(patches) == 1 and lifecycle_generations.GENERATION_6_PATCH.encode() in patches[0].payloads[0].data
     assert len(versions) == 1
     timer = next(n for n, e in enumerate(history.events) if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED)
     assert not [e for e in history.events[timer:] if e.event_type in (

@@ -228,6 +228,94 @@ async def test_a_live_gateway_is_still_probed(relay: Relay) -> None:  # noqa: F8
     assert not fakes.dispatches
 
 
+async def _recovered_via_own_gateway(relay: Relay) -> LifecycleResult:  # noqa: F811
+    """Connected as c1 on its gateway, gone, its grace over, with the peer chosen on that same gateway."""
+    fakes = relay.fakes
+    fakes.candidate_script.append(fakes.self_peer)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    return await relay.result()
+
+
+async def test_a_peer_on_the_dead_executors_gateway_is_sent_the_request_without_a_probe(
+        relay: Relay) -> None:  # noqa: F811
+    """The peer is on the gateway that last held the dead executor: that gateway looks for its socket as it picks
+    the request up (``look``), so the probe right before the request is left out; the fence's probe at the grace's
+    end is not."""
+    fakes = relay.fakes
+
+    result = await _recovered_via_own_gateway(relay)
+
+    assert result == LifecycleResult(status="RECOVERED", recovered_by="peer-s", attempts=1)
+    assert len(fakes.probes) == 1 and fakes.probes[0].input.answer_at is not None, fakes.summary()
+    [dispatch] = fakes.dispatches
+    assert dispatch.input.look and dispatch.task_queue == fakes.self_queue
+    [select] = fakes.selects  # declare_dead's
+    assert select.input.prefer_gateway == fakes.self_queue
+    assert "executor.recovery.dispatched" in fakes.audits() and len(fakes.deletes) == 1
+
+
+async def test_a_peer_on_another_gateway_is_sent_the_request_after_a_probe(relay: Relay) -> None:  # noqa: F811
+    """The other case: the dead executor's gateway is not the sender, so it is probed right before the request."""
+    fakes = relay.fakes
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+
+    result = await relay.result()
+
+    assert result == LifecycleResult(status="RECOVERED", recovered_by="peer-a", attempts=1)
+    assert len(fakes.probes) == 2 and fakes.probes[1].input.answer_at is None, fakes.summary()
+    assert not fakes.dispatches[0].input.look
+
+
+async def test_the_sending_gateway_finds_the_executor_there_and_the_recovery_is_called_off(
+        relay: Relay) -> None:  # noqa: F811
+    """The dead executor is back on its gateway (its `connected` not landed yet, a gateway out of touch with
+    Temporal a moment) when the request comes to a peer there: the gateway answers with the socket instead of
+    sending, and the workflow calls the recovery off as a probe's answer would."""
+    fakes = relay.fakes
+    fakes.alive_here = relay.connected_signal("c2")
+
+    fakes.candidate_script.append(fakes.self_peer)
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(seconds=5))
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    [dispatch] = fakes.dispatches
+    assert dispatch.input.look and len(fakes.probes) == 1 and not fakes.deletes, fakes.summary()
+    assert CANCELLED in fakes.audits() and "executor.recovery.dispatched" not in fakes.audits()
+    assert "executor.recovery.failed" not in fakes.audits()
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id, state.revived) == ("HEALTHY", "c2", False)
+
+
+async def test_an_older_gateway_refuses_and_the_next_attempt_is_probed(relay: Relay) -> None:  # noqa: F811
+    """A gateway of older code ignores ``look`` and refuses with ``ExecutorAlive``: a failed attempt, no request
+    sent. The next attempt, on a peer elsewhere, probes the dead executor's gateway first, finds the socket there
+    and calls the recovery off."""
+    fakes = relay.fakes
+    fakes.alive_here, fakes.looking_gateway = relay.connected_signal("c2"), False
+    fakes.candidate_script.append(fakes.self_peer)
+    fakes.probe_replies += [ProbeGatewayReply(contact_for=timedelta(days=1)),
+                            ProbeGatewayReply(connection=relay.connected_signal("c2"), contact_for=timedelta(days=1))]
+    await relay.connect("c1")
+    await relay.wait_statuses(HEALTHY)
+    await relay.disconnect("c1")
+    await relay.env.sleep(GRACE + timedelta(minutes=2))
+
+    await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
+    [refused] = fakes.dispatches
+    assert refused.input.look and refused.task_queue == fakes.self_queue, fakes.summary()
+    assert len(fakes.probes) == 2 and fakes.probes[1].input.answer_at is None and not fakes.deletes
+    assert fakes.audits()[-2:] == ["executor.recovery.failed", CANCELLED], fakes.audits()
+    state = await relay.state()
+    assert (state.status, state.recorded_connection_id) == ("HEALTHY", "c2")
+
+
 def _assert(condition: bool) -> None:
     assert condition
 

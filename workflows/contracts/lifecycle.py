@@ -194,6 +194,9 @@ class SelectCandidateInput:
     exclude: list[str] = field(default_factory=list)
     # The executor being recovered: the chosen peer is recorded as carrying its recovery (load spreading).
     dead_executor_id: str = ""
+    # Among the idle peers, one on this gateway queue first: the dead executor's last gateway, which then looks for
+    # its socket itself as it sends the request (``DispatchRecoveryInput.look``). "" for no preference.
+    prefer_gateway: str = ""
 
 
 @dataclass
@@ -282,6 +285,10 @@ class DispatchRecoveryInput:
     # The ``executor.recovery.dispatched`` row, for the gateway to write as it sends the request (from lifecycle
     # generation 5; before it, a local activity of the workflow's own while the request was out).
     audit: WriteAuditInput | None = None
+    # This gateway is the dead executors' last one, and the fence's last look is its own (lifecycle generation 6):
+    # a socket of theirs here is answered with its connection (``RecoveryReply.alive``), no request sent. Without it
+    # (and from older code) such a socket is refused with an ``ExecutorAlive`` error.
+    look: bool = False
 
 
 @dataclass
@@ -294,6 +301,9 @@ class RecoveryReply:
     # The gateway wrote (or found written) ``audit``; False from one that did not (older code, or its database away):
     # the workflow writes it, under the same key.
     audited: bool = False
+    # Asked to look (``DispatchRecoveryInput.look``): the dead executor holds this live socket on the gateway, so no
+    # request was sent and the recovery is called off.
+    alive: ConnectedSignal | None = None
 
 
 # -- activities: the workflow calls these stubs by reference; the worker and the gateways register the
