@@ -6,6 +6,7 @@ alone about 8), over the suite's budget; ``BENCH_SCALE=0.05`` takes about 4 (its
     .venv/bin/python -m tests.bench scale                    # 10,000 executors
     BENCH_SCALE=0.05 .venv/bin/python -m tests.bench scale   # 500: a quick pass
     make bench PARTS=scale
+    BENCH_SCALE_PY_SPY=1 PY_SPY=... .venv/bin/python -m tests.bench scale  # py-spy on each worker through the close
 
 Processes: a private PostgreSQL cluster (Debian's binaries, ``tests.postgres``: fsync off, as in the tests) holding
 Relay's database, the embedded Temporal dev server (``temporal_command``, with its Prometheus metrics on), 2 `relay
@@ -42,16 +43,19 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.bench import actions
+from tests.bench import actions, profile
 from tests.bench.common import (
     ORG,
     RELAY,
@@ -338,6 +342,7 @@ def _gateway_moves(fleet: Fleet, *, skip: int) -> dict[str, float]:
 def _close(fleet: Fleet, mon: Monitor, n: int) -> dict[str, Any]:
     """A tenth of the fleet, from every generator, closes at once."""
     each = max(1, round(fleet.per * CLOSE_SHARE))
+    spy = _spy_on_workers(fleet)
     phase = mon.begin("close 10 %", each * len(fleet.gens))
     replies = fleet.each(lambda i, gen: gen.call("close", prefix=f"g{i}-", count=each, mode="close"))
     closed: dict[str, float] = {k: v for r in replies for k, v in r["closed"].items()}
@@ -368,7 +373,24 @@ def _close(fleet: Fleet, mon: Monitor, n: int) -> dict[str, Any]:
                final=fleet.stack.status_counts(APP))
     log(f"  {len(deleted)}/{len(closed)} recovered {out['recovered_s']} s after the close (grace {GRACE_S} s); "
         f"{len(held)} held; DEAD -> deleted p50 {out['dead_to_deleted_p50_s']} s, p99 {out['dead_to_deleted_p99_s']} s")
+    for raw, proc in spy:
+        proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+        proc.wait()
+        if raw.exists():
+            for line in profile.summarize(raw, f"py-spy, {raw.stem}, the close"):
+                log(line)
     return out
+
+
+def _spy_on_workers(fleet: Fleet) -> list[tuple[Path, subprocess.Popen[bytes]]]:
+    """BENCH_SCALE_PY_SPY=1: py-spy on every worker through the close (``tests.bench.profile``'s settings)."""
+    if not os.environ.get("BENCH_SCALE_PY_SPY"):
+        return []
+    folder = profile.OUT / "scale-close"
+    folder.mkdir(parents=True, exist_ok=True)
+    seconds = GRACE_S + 120 + fleet.per * len(fleet.gens) * CLOSE_SHARE / 5
+    return [(folder / f"{w.name}.txt", profile.record(w.pid, seconds, folder / f"{w.name}.txt"))
+            for w in fleet.workers]
 
 
 # -- the bench ---------------------------------------------------------------------------------------------

@@ -142,7 +142,7 @@ def _py_spy() -> str:
     return found
 
 
-def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
+def record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
     # PY_SPY_GIL=1: only the thread holding the GIL (the Python work, without the SDK's Rust threads and waits);
     # PY_SPY_RATE: samples per second (250).
     gil = ["--gil"] if os.environ.get("PY_SPY_GIL") else []
@@ -152,7 +152,7 @@ def _record(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes]:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def _summarize(raw: Path, title: str, top: int = 25) -> list[str]:
+def summarize(raw: Path, title: str, top: int = 25) -> list[str]:
     inclusive: Counter[str] = Counter()
     leaf: Counter[str] = Counter()
     relay_inclusive: Counter[str] = Counter()
@@ -195,18 +195,18 @@ def cpu_heartbeat(n: int, rate: float, seconds: float) -> None:
         stack.put_app(APP)
         _fleet(stack, gen, "hb-", n)
         time.sleep(5)
-        idle = _record(stack.gateway.pid, seconds, folder / "idle.txt")
+        idle = record(stack.gateway.pid, seconds, folder / "idle.txt")
         idle.wait()
         gen.call("ping", prefix="hb-", start=0, count=n, rate=rate, duration=seconds + 2)
         time.sleep(1)
-        busy = _record(stack.gateway.pid, seconds, folder / "heartbeats.txt")
+        busy = record(stack.gateway.pid, seconds, folder / "heartbeats.txt")
         busy.wait()
         gen.call("ping_result")
     finally:
         gen.stop()
         stack.stop()
-    report = _summarize(folder / "idle.txt", f"gateway, {n} idle sockets, {seconds:g} s")
-    report += _summarize(folder / "heartbeats.txt", f"gateway, {n} sockets pinging at {rate:g}/s, {seconds:g} s")
+    report = summarize(folder / "idle.txt", f"gateway, {n} idle sockets, {seconds:g} s")
+    report += summarize(folder / "heartbeats.txt", f"gateway, {n} sockets pinging at {rate:g}/s, {seconds:g} s")
     _emit(folder / "report.txt", report)
 
 
@@ -218,8 +218,8 @@ def cpu_storm(n: int) -> None:
     try:
         stack.put_app(APP)
         seconds = 30
-        recorders = [_record(stack.gateway.pid, seconds, folder / "gateway.txt"),
-                     _record(stack.worker.pid, seconds, folder / "worker.txt")]
+        recorders = [record(stack.gateway.pid, seconds, folder / "gateway.txt"),
+                     record(stack.worker.pid, seconds, folder / "worker.txt")]
         time.sleep(1)
         t0 = time.time()
         gen.call("connect", url=stack.executor_url(APP), prefix="storm-", count=n, concurrency=n, timeout=120)
@@ -233,8 +233,8 @@ def cpu_storm(n: int) -> None:
     finally:
         gen.stop()
         stack.stop()
-    report = _summarize(folder / "gateway.txt", f"gateway during a storm of {n}")
-    report += _summarize(folder / "worker.txt", f"worker during a storm of {n}")
+    report = summarize(folder / "gateway.txt", f"gateway during a storm of {n}")
+    report += summarize(folder / "worker.txt", f"worker during a storm of {n}")
     _emit(folder / "report.txt", report)
 
 
@@ -248,14 +248,14 @@ def cpu_burst(n: int, k: int, seconds: int = 15) -> None:
         gen.call("connect", url=stack.executor_url(APP), prefix="burst-", count=n, concurrency=100, timeout=300)
         stack.wait_healthy(APP, n, timeout=300)
         time.sleep(5)  # the connect storm's tail settled
-        recorder = _record(stack.worker.pid, seconds, folder / "worker.txt")
+        recorder = record(stack.worker.pid, seconds, folder / "worker.txt")
         time.sleep(0.5)
         gen.call("close", prefix="burst-", start=0, count=k, mode="close", spread=0.0)
         recorder.wait()
     finally:
         gen.stop()
         stack.stop()
-    _emit(folder / "report.txt", _summarize(folder / "worker.txt", f"worker while {k} of {n} die at once"))
+    _emit(folder / "report.txt", summarize(folder / "worker.txt", f"worker while {k} of {n} die at once"))
 
 
 def bursts(n: int, k: int, rounds: int) -> None:
