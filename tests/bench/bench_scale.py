@@ -7,6 +7,7 @@ alone about 8), over the suite's budget; ``BENCH_SCALE=0.05`` takes about 4 (its
     BENCH_SCALE=0.05 .venv/bin/python -m tests.bench scale   # 500: a quick pass
     make bench PARTS=scale
     BENCH_SCALE_PY_SPY=1 PY_SPY=... .venv/bin/python -m tests.bench scale  # py-spy on each worker through the close
+    BENCH_SCALE_SEGMENTS=1 .venv/bin/python -m tests.bench scale  # the close's steps, from the histories
 
 Processes: a private PostgreSQL cluster (Debian's binaries, ``tests.postgres``: fsync off, as in the tests) holding
 Relay's database, the embedded Temporal dev server (``temporal_command``, with its Prometheus metrics on), 2 `relay
@@ -373,6 +374,8 @@ def _close(fleet: Fleet, mon: Monitor, n: int) -> dict[str, Any]:
                final=fleet.stack.status_counts(APP))
     log(f"  {len(deleted)}/{len(closed)} recovered {out['recovered_s']} s after the close (grace {GRACE_S} s); "
         f"{len(held)} held; DEAD -> deleted p50 {out['dead_to_deleted_p50_s']} s, p99 {out['dead_to_deleted_p99_s']} s")
+    if os.environ.get("BENCH_SCALE_SEGMENTS"):  # where the time went, from every closed executor's history
+        profile.segments(fleet.stack, sorted(closed), closed, app=APP)
     for raw, proc in spy:
         proc.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
         proc.wait()

@@ -278,7 +278,7 @@ def bursts(n: int, k: int, rounds: int) -> None:
             log(f"burst {r + 1}: DISCONNECTED - close p50 {m['disconnected_p50_s']:.3f} p99 "
                 f"{m['disconnected_p99_s']:.3f}; DEAD - DISCONNECTED - grace p50 {m['dead_p50_s']:.3f} "
                 f"p99 {m['dead_p99_s']:.3f}; {m['recovered']} recovered, recovery p99 {m['recovery_p99_s']:.3f}")
-            _segments(stack, [f"storm-{i}" for i in range(r * k, (r + 1) * k)], closed)
+            segments(stack, [f"storm-{i}" for i in range(r * k, (r + 1) * k)], closed)
             time.sleep(3)
     finally:
         gen.stop()
@@ -337,7 +337,7 @@ def _cpu_windows(stack: Stack, cpu: _CpuSampler, closed: dict[str, float], grace
         log(f"  CPU ms per death, {name} ({end - start:.2f} s): {per}")
 
 
-def _segments(stack: Stack, executors: list[str], closed: dict[str, float]) -> None:
+def segments(stack: Stack, executors: list[str], closed: dict[str, float], app: str = "") -> None:
     """Where the time from a close to the DISCONNECTED row, and from the grace's timer to the DEAD row, went, from
     the workflows' histories: the server's timestamps of each step (a step's p50 and p99 over the burst, in
     seconds)."""
@@ -350,14 +350,16 @@ def _segments(stack: Stack, executors: list[str], closed: dict[str, float]) -> N
     from tests.bench import bench_storm
     from workflows.contracts.common import lifecycle_workflow_id
 
+    app = app or bench_storm.P3_APP
+
     async def histories() -> list[Any]:
         client = await Client.connect(stack.temporal_address)
-        return [await client.get_workflow_handle(lifecycle_workflow_id("local", bench_storm.P3_APP, e)).fetch_history()
+        return [await client.get_workflow_handle(lifecycle_workflow_id("local", app, e)).fetch_history()
                 for e in executors]
 
     spans: dict[str, list[float]] = defaultdict(list)
     timed_out = 0
-    audit = {(op, ex): t for op, ex, t in stack.audit(bench_storm.P3_APP, ["executor.disconnected", "executor.dead"])
+    audit = {(op, ex): t for op, ex, t in stack.audit(app, ["executor.disconnected", "executor.dead"])
              if ex in executors}
     for executor, history in zip(executors, asyncio.run(histories()), strict=True):
         events = history.events
