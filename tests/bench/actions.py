@@ -141,7 +141,8 @@ def count_live(address: str, windows: dict[str, tuple[float, float]]) -> dict[st
 
 # The lifecycle scenarios an executor goes through: (fixture, the name of what follows its connect).
 SCENARIOS = [("reconnect-within-grace.json", "disconnect, then reconnect within grace"),
-             ("happy-recovery.json", "death, recovery, deletion")]
+             ("happy-recovery.json", "death, recovery, deletion"),
+             ("recovered-via-its-own-gateway.json", "death, recovery via a peer on its gateway, deletion")]
 
 
 def main() -> None:
