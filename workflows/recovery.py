@@ -369,7 +369,7 @@ class RecoverySteps(LifecycleBase):
             audit = self._audit_input("executor.recovery.dispatched", "success", details)
             return await self._attempt(candidate, attempt,
                                        self._request(candidate, request_id, attempt, audit, look=look), audit)
-        request = self._request(candidate, request_id, attempt)
+        request = self._request(candidate, request_id, attempt, look=look)
         try:
             await self._audit("executor.recovery.dispatched", "success", details)
         except BaseException:
