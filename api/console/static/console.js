@@ -88,6 +88,8 @@
       throw new Problem(401, 'the key was refused');
     }
     const text = await response.text();
+    // Checked again after the body is read: the key may have changed while it came in.
+    if (sent !== generation) return new Promise(() => undefined);
     let data = null;
     try {
       data = text ? JSON.parse(text) : null;
