@@ -110,6 +110,7 @@ class Balancer:
         self._spared: dict[ConnectionKey, float] = {}
         self._rebalance: _Rebalance | None = None
         self._batch_settled_at: datetime | None = None  # when the last batch was all taken in
+        self._reported_at: datetime | None = None  # when this gateway last reported (its previous check)
         self._paused_until = 0.0  # monotonic: a batch came back here (``RETURNED_PAUSE_CHECKS``)
         self._first_seen: dict[str, float] = {}  # monotonic: when each peer was first seen taking sockets
         self._watching: asyncio.Task[None] | None = None
@@ -141,8 +142,10 @@ class Balancer:
     async def tick(self) -> int:
         """One check: report, then shed what is over the share (spaced by the rate). How many it closed."""
         accepting = self._accepting()
+        reported = utcnow()
         await asyncio.to_thread(self.store.gateways.report, self.task_queue, sockets=len(self.hub),
                                 accepting=accepting)
+        previous, self._reported_at = self._reported_at, reported
         if not (accepting and self.settings.gateway_rebalance):
             metrics.FAIR_SHARE.set(0)
             await self._end()
@@ -153,6 +156,12 @@ class Balancer:
         settled = self._batch_settled_at
         if settled is not None and any(at < settled for queue, (_, at) in reports.items() if queue != self.task_queue):
             return 0  # a peer's count from before the last batch moved: wait for its next report
+        peers = [at for queue, (_, at) in reports.items() if queue != self.task_queue]
+        if previous is not None and any(at < previous for at in peers):
+            # A peer silent since this gateway's last check may have just died: a crash is known only once its watch
+            # finds it gone, and its last report counts for FRESH_CHECKS. What is shed toward a dead gateway comes
+            # straight back; so nothing is shed until it reports again or its report goes stale.
+            return 0
         # A peer counts once it has been seen taking sockets for a whole check: a load balancer puts a new gateway
         # in its rotation only after a few health checks (HAProxy's `rise 2`, `inter 2s`), and what is shed before
         # then comes straight back.

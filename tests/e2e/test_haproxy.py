@@ -46,9 +46,9 @@ def stack(tmp_path: Path) -> Iterator[tuple[Relay, list[Process], Path]]:
     processes: list[Process] = []
     try:
         # Rebalancing off: this is the load balancer's failover alone (tests/e2e/test_rebalance.py has the
-        # rebalance behind HAProxy). On, the survivor may close a socket or two to rebalance toward the killed
-        # gateway while that one's last report still counts (up to 3 checks), and those executors come straight
-        # back: a second handshake on the live gateway, which this test counts as a disturbance.
+        # rebalance behind HAProxy). The test counts a second handshake on the live gateway as a disturbance, and a
+        # rebalance's close is one: before the kill (leastconn spreading unevenly under load), or, before the
+        # balancer waited for every peer to report again, toward the killed gateway while its last report counted.
         started = start_gateways(tmp_path, processes, RELAY_GATEWAY_HEARTBEAT_TIMEOUT_SECS=str(HEARTBEAT_TIMEOUT),
                                  RELAY_GATEWAY_REBALANCE="false")
         env, key, ports, gateways = started.env, started.key, started.ports, started.processes

@@ -165,6 +165,25 @@ async def test_a_batch_waits_for_the_last_to_be_taken_in_and_for_fresh_reports(t
     assert stand.disconnected == []  # none of them counted as a disconnect
 
 
+async def test_nothing_is_shed_toward_a_peer_silent_since_the_last_check(tmp_path: Path) -> None:
+    """A peer killed right after it reported: its executors come here while its last report still counts. Nothing is
+    closed toward it (they would come straight back) until it reports again, alive after all."""
+    stand = Stand(tmp_path)
+    for n in range(3):
+        stand.hold(f"e{n}")
+    await _introduce(stand)
+    stand.store.gateways.report(PEER, sockets=3, accepting=True)
+    assert await stand.balancer.tick() == 0  # 3 : 3, balanced
+    for n in range(3, 6):  # the peer's executors, here now; the peer says nothing more
+        stand.hold(f"e{n}")
+    await asyncio.sleep(0.05)
+    assert await stand.balancer.tick() == 0  # 6 here, the peer's 3 from before this gateway's last check
+    assert stand.closed() == set()
+    stand.store.gateways.report(PEER, sockets=0, accepting=True)  # it was alive after all
+    assert await stand.balancer.tick() == 3
+    assert len(stand.closed()) == 3
+
+
 async def test_a_closed_executor_not_back_within_the_handoff_is_disconnected_then(tmp_path: Path) -> None:
     stand = Stand(tmp_path)
     for n in range(4):
