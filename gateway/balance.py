@@ -153,11 +153,11 @@ class Balancer:
         if self._held or time.monotonic() < self._paused_until:  # the last batch still being taken in, or back
             return 0
         reports = await asyncio.to_thread(self.store.gateways.live_counts, self.check * FRESH_CHECKS)
+        reported_by_peers = [at for queue, (_, at) in reports.items() if queue != self.task_queue]
         settled = self._batch_settled_at
-        if settled is not None and any(at < settled for queue, (_, at) in reports.items() if queue != self.task_queue):
+        if settled is not None and any(at < settled for at in reported_by_peers):
             return 0  # a peer's count from before the last batch moved: wait for its next report
-        peers = [at for queue, (_, at) in reports.items() if queue != self.task_queue]
-        if previous is not None and any(at < previous for at in peers):
+        if previous is not None and any(at < previous for at in reported_by_peers):
             # A peer silent since this gateway's last check may have just died: a crash is known only once its watch
             # finds it gone, and its last report counts for FRESH_CHECKS. What is shed toward a dead gateway comes
             # straight back; so nothing is shed until it reports again or its report goes stale.
