@@ -71,7 +71,7 @@ class HubActivities:
                 # Last line of the fence: the executor to recover holds a live socket here. Recovering it would
                 # make a second process run its workflows. Asked to look (this is the fence's last look), the
                 # socket is the answer: the workflow calls the recovery off; otherwise the request is refused.
-                if input.look:
+                if input.look and alive.signal is not None:
                     log.info("recovery of %s/%s/%s called off: it holds a live socket here (%s)", input.org,
                              input.app, dead, alive.connection_id)
                     return RecoveryReply(False, f"executor {dead} is connected to this gateway", alive=alive.signal)
