@@ -9,7 +9,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -50,15 +50,23 @@ def _peer(hub: Hub, *, recovered: bool, pending: bool,
         reply = wire.parse_reply(json.dumps({"type": request["type"], "request_id": request["request_id"], **body}))
         asyncio.get_running_loop().call_soon(conn.deliver, Reply(reply))
 
+    conn = _attach(hub, PEER, "c1", send)
+    return sent
+
+
+def _attach(hub: Hub, executor_id: str, connection_id: str, send: Callable[[str], Awaitable[None]]) -> Connection:
+    """A socket of ``executor_id`` held by ``hub``, with the `connected` signal its gateway sent, as ``gateway.ws``
+    makes one; ``send`` gets every frame written to it."""
+
     async def close(code: int, reason: str) -> None:
         pass
 
-    conn = Connection(connection_id="c1", org=ORG, app=APP, executor_id=PEER, session=Session(), send=send,
-                      close=close)
-    conn.signal = ConnectedSignal(connection_id="c1", gateway_queue="relay-gateway-test", info=ExecutorInfo(PEER),
-                                  signal_id="s1")
+    conn = Connection(connection_id=connection_id, org=ORG, app=APP, executor_id=executor_id, session=Session(),
+                      send=send, close=close)
+    conn.signal = ConnectedSignal(connection_id=connection_id, gateway_queue="relay-gateway-test",
+                                  info=ExecutorInfo(executor_id), signal_id=f"s-{connection_id}")
     hub.attach(conn)
-    return sent
+    return conn
 
 
 def _dispatch(confirm: bool) -> DispatchRecoveryInput:
@@ -137,15 +145,9 @@ def _dead_here(hub: Hub) -> ConnectedSignal:
     async def refuse(frame: str) -> None:
         raise AssertionError(f"sent to the dead executor: {frame}")
 
-    async def close(code: int, reason: str) -> None:
-        pass
-
-    conn = Connection(connection_id="c-dead", org=ORG, app=APP, executor_id=DEAD, session=Session(), send=refuse,
-                      close=close)
-    conn.signal = ConnectedSignal(connection_id="c-dead", gateway_queue="relay-gateway-test", info=ExecutorInfo(DEAD),
-                                  signal_id="s-dead")
-    hub.attach(conn)
-    return conn.signal
+    signal = _attach(hub, DEAD, "c-dead", refuse).signal
+    assert signal is not None
+    return signal
 
 
 async def test_the_dead_executor_here_is_the_answer_when_asked_to_look_and_a_refusal_when_not(

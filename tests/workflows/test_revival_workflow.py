@@ -228,14 +228,14 @@ async def test_a_live_gateway_is_still_probed(relay: Relay) -> None:  # noqa: F8
     assert not fakes.dispatches
 
 
-async def _recovered_via_own_gateway(relay: Relay) -> LifecycleResult:  # noqa: F811
-    """Connected as c1 on its gateway, gone, its grace over, with the peer chosen on that same gateway."""
-    fakes = relay.fakes
-    fakes.candidate_script.append(fakes.self_peer)
+async def _gone(relay: Relay, *, peer_on_its_gateway: bool = True) -> None:  # noqa: F811
+    """Connected as c1 on its gateway, then gone; the peer chosen for its recovery on that same gateway (else the
+    first of ``PEERS``, each on a gateway of its own)."""
+    if peer_on_its_gateway:
+        relay.fakes.candidate_script.append(relay.fakes.self_peer)
     await relay.connect("c1")
     await relay.wait_statuses(HEALTHY)
     await relay.disconnect("c1")
-    return await relay.result()
 
 
 async def test_a_peer_on_the_dead_executors_gateway_is_sent_the_request_without_a_probe(
@@ -244,8 +244,9 @@ async def test_a_peer_on_the_dead_executors_gateway_is_sent_the_request_without_
     the request up (``look``), so the probe right before the request is left out; the fence's probe at the grace's
     end is not."""
     fakes = relay.fakes
+    await _gone(relay)
 
-    result = await _recovered_via_own_gateway(relay)
+    result = await relay.result()
 
     assert result == LifecycleResult(status="RECOVERED", recovered_by="peer-s", attempts=1)
     assert len(fakes.probes) == 1 and fakes.probes[0].input.answer_at is not None, fakes.summary()
@@ -259,9 +260,7 @@ async def test_a_peer_on_the_dead_executors_gateway_is_sent_the_request_without_
 async def test_a_peer_on_another_gateway_is_sent_the_request_after_a_probe(relay: Relay) -> None:  # noqa: F811
     """The other case: the dead executor's gateway is not the sender, so it is probed right before the request."""
     fakes = relay.fakes
-    await relay.connect("c1")
-    await relay.wait_statuses(HEALTHY)
-    await relay.disconnect("c1")
+    await _gone(relay, peer_on_its_gateway=False)
 
     result = await relay.result()
 
@@ -277,11 +276,7 @@ async def test_the_sending_gateway_finds_the_executor_there_and_the_recovery_is_
     sending, and the workflow calls the recovery off as a probe's answer would."""
     fakes = relay.fakes
     fakes.alive_here = relay.connected_signal("c2")
-
-    fakes.candidate_script.append(fakes.self_peer)
-    await relay.connect("c1")
-    await relay.wait_statuses(HEALTHY)
-    await relay.disconnect("c1")
+    await _gone(relay)
     await relay.env.sleep(GRACE + timedelta(seconds=5))
 
     await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
@@ -299,12 +294,9 @@ async def test_an_older_gateway_refuses_and_the_next_attempt_is_probed(relay: Re
     and calls the recovery off."""
     fakes = relay.fakes
     fakes.alive_here, fakes.looking_gateway = relay.connected_signal("c2"), False
-    fakes.candidate_script.append(fakes.self_peer)
     fakes.probe_replies += [ProbeGatewayReply(contact_for=timedelta(days=1)),
                             ProbeGatewayReply(connection=relay.connected_signal("c2"), contact_for=timedelta(days=1))]
-    await relay.connect("c1")
-    await relay.wait_statuses(HEALTHY)
-    await relay.disconnect("c1")
+    await _gone(relay)
     await relay.env.sleep(GRACE + timedelta(minutes=2))
 
     await relay.wait_statuses(HEALTHY, DISCONNECTED, DEAD, RECONNECTED)
